@@ -1,0 +1,621 @@
+"""Benchmark our fused Triton `flash` kernel against PyTorch's attention backends, after checking it.
+
+Method (shared/anchors/h100-attention.md, so numbers compare with the anchors): torch.randn q, k, v of shape
+(B, H, T, D), causal, B = 16384 // T, H = 12 for D = 64 and 16 for D = 128; triton.testing.do_bench(warmup=25,
+rep=100) median; bwd = (fwd+bwd) - fwd; FLOPs fwd = 4·B·H·T²·D·0.5, bwd = 2.5·fwd; memory = peak allocated
+during one fwd+bwd above what q, k, v hold.
+
+    python scripts/bench_attention.py                      # GPU: correctness check, then the full sweep
+    python scripts/bench_attention.py --quick              # GPU: a fast subset
+    python scripts/bench_attention.py --check-only         # correctness only; on CPU a tiny fp32 smoke test
+
+Without CUDA the kernel runs in Triton's interpreter at tiny fp32 shapes (a smoke path, numbers meaningless).
+Exit status: 1 if the correctness check fails, else 0 (unsupported or out-of-memory configs are recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import gc
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+ANCHORS = ROOT / "results" / "anchors" / "h100-attention.json"
+HEADS = {64: 12, 128: 16}  # GPT-2 shape at D = 64; the anchors' choice at D = 128
+SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 1e-3}  # GPU fp32 dots are tf32
+BIAS_RATIO_MAX = 1.5  # dropout mean vs no-dropout, in units of the sampling noise (unbiased -> about 1)
+
+AttentionFn = Callable[[Tensor, Tensor, Tensor, float], Tensor]  # (q, k, v, dropout_p) -> o, causal
+Timer = Callable[[Callable[[], object], list[Tensor]], float]  # (fn, tensors whose grads to clear) -> ms
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    causal: bool
+    packed: bool = False  # q, k, v as strided views of one (B, T, 3, H, D) tensor, the way the model calls it
+    samples: int | None = None  # compare this many (b, h) slices against the fp32 reference; None: all
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What differs between a real GPU run and the CPU smoke path."""
+
+    device: str
+    dtype: torch.dtype
+    tokens_per_call: int
+    seq_lens: tuple[int, ...]
+    check_cases: tuple[CheckCase, ...]
+    dropout_cases: tuple[CheckCase, ...]
+    dropout_seeds: int
+
+
+@dataclass
+class Row:
+    provider: str
+    seq_len: int
+    head_dim: int
+    heads: int
+    batch: int
+    dropout: float
+    status: str = "ok"  # ok | oom | skipped | error
+    reason: str | None = None
+    fwd_ms: float | None = None
+    fwd_bwd_ms: float | None = None
+    peak_extra_gib: float | None = None
+    tflops: dict[str, float] = field(default_factory=dict)  # fwd / bwd / fwd_bwd
+
+
+# --- providers --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _flash_kernel() -> Callable[..., Tensor]:
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before kernels is first imported
+    sys.path.insert(0, str(ROOT))
+    from kernels import flash_attention
+
+    return flash_attention
+
+
+def flash(q: Tensor, k: Tensor, v: Tensor, p: float) -> Tensor:
+    return _flash_kernel()(q, k, v, causal=True, dropout_p=p)
+
+
+@functools.cache
+def _causal_mask(seq_len: int, device: torch.device) -> Tensor:
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
+
+
+def naive(q: Tensor, k: Tensor, v: Tensor, p: float) -> Tensor:
+    """The textbook version: materialised scores, mask, softmax in float, dropout, matmul."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(_causal_mask(q.shape[-2], q.device), float("-inf"))
+    prob = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return (F.dropout(prob, p) if p > 0 else prob) @ v
+
+
+def _sdpa(backend: SDPBackend) -> AttentionFn:
+    def run(q: Tensor, k: Tensor, v: Tensor, p: float) -> Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+
+    return run
+
+
+PROVIDERS: dict[str, AttentionFn] = {
+    "flash": flash,
+    "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
+    "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION),
+    "sdpa_mem_eff": _sdpa(SDPBackend.EFFICIENT_ATTENTION),
+    "naive": naive,
+}
+
+
+# --- timing -----------------------------------------------------------------------------------------------
+
+
+def cuda_timer(fn: Callable[[], object], grads: list[Tensor]) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="median")
+
+
+def cpu_timer(fn: Callable[[], object], grads: list[Tensor], reps: int = 3) -> float:
+    """Median wall time; only exercises the pipeline on machines without CUDA."""
+    times = []
+    for _ in range(reps + 1):  # the first call warms up
+        for t in grads:
+            t.grad = None
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[1:])
+
+
+def fwd_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float:
+    return 4 * batch * heads * seq_len**2 * head_dim * 0.5  # causal: half the score matrix
+
+
+def _peak_extra_gib(run: Callable[[], object], device: str) -> float | None:
+    """Runs `run`; on CUDA returns its peak allocation above what was allocated before it."""
+    if device != "cuda":
+        run()
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    run()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def _measure(row: Row, fn: AttentionFn, profile: Profile, timer: Timer) -> None:
+    shape = (row.batch, row.heads, row.seq_len, row.head_dim)
+    q, k, v = (
+        torch.randn(shape, device=profile.device, dtype=profile.dtype, requires_grad=True) for _ in range(3)
+    )
+    grad_out: list[Tensor] = []
+
+    def first_step() -> None:  # do is allocated inside: it is part of what one fwd+bwd needs
+        grad_out.append(torch.randn_like(q))
+        fn(q, k, v, row.dropout).backward(grad_out[0])
+
+    row.peak_extra_gib = _peak_extra_gib(first_step, profile.device)
+    row.fwd_ms = timer(lambda: fn(q, k, v, row.dropout), [q, k, v])
+    row.fwd_bwd_ms = timer(lambda: fn(q, k, v, row.dropout).backward(grad_out[0]), [q, k, v])
+    flops = fwd_flops(row.batch, row.heads, row.seq_len, row.head_dim)
+    bwd_ms = row.fwd_bwd_ms - row.fwd_ms
+    row.tflops = {
+        "fwd": flops / row.fwd_ms * 1e-9,
+        "bwd": 2.5 * flops / bwd_ms * 1e-9 if bwd_ms > 0 else math.nan,
+        "fwd_bwd": 3.5 * flops / row.fwd_bwd_ms * 1e-9,
+    }
+
+
+def _is_unsupported(err: RuntimeError) -> bool:
+    return bool(re.search(r"No available kernel|No viable backend", str(err)))
+
+
+def bench_row(row: Row, profile: Profile, timer: Timer) -> Row:
+    """Fills `row`; an unsupported config or an out-of-memory is recorded on it, never raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # SDPA explains a refused backend only through warnings
+        try:
+            _measure(row, PROVIDERS[row.provider], profile, timer)
+        except torch.OutOfMemoryError as err:
+            row.status, row.reason = "oom", str(err).split("\n")[0]
+        except RuntimeError as err:
+            unsupported = _is_unsupported(err)
+            why = " ".join(str(w.message) for w in caught) if unsupported else ""
+            row.status, row.reason = ("skipped" if unsupported else "error"), f"{err} {why}".strip()[:500]
+        except Exception as err:  # one provider's failure must not end the sweep
+            row.status, row.reason = "error", f"{type(err).__name__}: {err}"[:500]
+    if row.status != "ok":
+        row.tflops, row.fwd_ms, row.fwd_bwd_ms, row.peak_extra_gib = {}, None, None, None
+    gc.collect()  # the traceback held the failed config's tensors
+    if profile.device == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def run_benchmark(args: argparse.Namespace, profile: Profile, timer: Timer) -> list[Row]:
+    rows = []
+    for head_dim in args.head_dims:
+        for p in args.dropout:
+            for seq_len in args.seq_lens:
+                for provider in args.provider:
+                    batch = max(1, profile.tokens_per_call // seq_len)
+                    row = Row(provider, seq_len, head_dim, HEADS[head_dim], batch, p)
+                    rows.append(bench_row(row, profile, timer))
+                    print(_progress(row), flush=True)
+    return rows
+
+
+def _progress(row: Row) -> str:
+    where = f"{row.provider:>12} D={row.head_dim} p={row.dropout} T={row.seq_len:>5}"
+    if row.status != "ok":
+        return f"{where}: {row.status} ({row.reason})"
+    mem = f", {row.peak_extra_gib:.2f} GiB" if row.peak_extra_gib is not None else ""
+    return f"{where}: {_cell_tflops(row.tflops)} TFLOP/s{mem}"
+
+
+# --- correctness ------------------------------------------------------------------------------------------
+
+
+def rel_err(actual: Tensor, expected: Tensor) -> float:
+    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def reference(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, keep: Tensor | None = None, p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """fp32 attention (o, lse) over the last two dims; `keep` applies a given dropout mask."""
+    scores = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
+    if causal:
+        scores = scores.masked_fill(_causal_mask(q.shape[-2], q.device), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    prob = torch.exp(scores - lse[..., None])
+    if keep is not None:
+        prob = prob * keep / (1 - p)
+    return prob @ v.float(), lse
+
+
+def _inputs(case: CheckCase, profile: Profile) -> tuple[Tensor, Tensor, Tensor]:
+    b, h, t, d = case.batch, case.heads, case.seq_len, case.head_dim
+    opts = {"device": profile.device, "dtype": profile.dtype}
+    if case.packed:
+        qkv = torch.randn(b, t, 3, h, d, **opts).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D), strided
+        return tuple(x.detach().requires_grad_() for x in qkv.unbind(0))
+    return tuple(torch.randn(b, h, t, d, **opts, requires_grad=True) for _ in range(3))
+
+
+def _slices(case: CheckCase) -> list[tuple[int, int]]:
+    """(b, h) pairs to compare: all, or first / last / spread between, to keep fp32 T x T memory sane."""
+    pairs = [(b, h) for b in range(case.batch) for h in range(case.heads)]
+    if case.samples is None or case.samples >= len(pairs):
+        return pairs
+    step = (len(pairs) - 1) / max(1, case.samples - 1)
+    return [pairs[round(i * step)] for i in range(case.samples)]
+
+
+def _reference_grads(
+    q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, causal: bool, keep: Tensor | None, p: float
+) -> dict[str, Tensor]:
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    o, lse = reference(*leaves, causal, keep, p)
+    o.backward(grad_out.float())
+    return {
+        "o": o.detach(),
+        "lse": lse.detach(),
+        **{f"d{n}": x.grad for n, x in zip("qkv", leaves, strict=True)},
+    }
+
+
+def _errors(got: dict[str, list[Tensor]], want: dict[str, list[Tensor]], dtype: torch.dtype) -> dict:
+    errors = {name: rel_err(torch.stack(got[name]), torch.stack(want[name])) for name in got}
+    return {"rel_err": errors, "passed": all(e <= TOLERANCE[dtype] for e in errors.values())}
+
+
+def check_case(case: CheckCase, profile: Profile) -> dict:
+    """bf16 (or fp32) flash vs an fp32 reference: o, lse, dq, dk, dv over sampled (b, h) slices."""
+    q, k, v = _inputs(case, profile)
+    kernel = _flash_kernel()
+    o = kernel(q, k, v, causal=case.causal)
+    grad_out = torch.randn_like(o)
+    o.backward(grad_out)
+    with torch.no_grad():
+        _, lse = kernel(q, k, v, causal=case.causal, return_lse=True)
+    flash_out = {"o": o.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    got: dict[str, list[Tensor]] = {n: [] for n in flash_out}
+    want: dict[str, list[Tensor]] = {n: [] for n in flash_out}
+    for b, h in _slices(case):
+        ref = _reference_grads(q[b, h], k[b, h], v[b, h], grad_out[b, h], case.causal, None, 0.0)
+        for name, tensor in flash_out.items():
+            got[name].append(tensor[b, h])
+            want[name].append(ref[name])
+    return {"case": asdict(case), **_errors(got, want, profile.dtype)}
+
+
+def _seeded(seed: int, fn: Callable[[], Tensor]) -> Tensor:
+    torch.manual_seed(seed)  # assumption: the kernel draws its dropout seed from torch's RNG
+    return fn()
+
+
+def recover_keep_mask(case: CheckCase, profile: Profile, p: float, seed: int) -> Tensor:
+    """The kernel's dropout mask (B, H, T, T) for `seed`: with q = k = 0 every allowed probability is equal
+    and nonzero, and a one-hot v reads D columns of the dropped probability matrix per call. Valid because
+    the mask depends on the seed and the position only, not on the inputs."""
+    b, h, t, d = case.batch, case.heads, case.seq_len, case.head_dim
+    zeros = torch.zeros(b, h, t, d, device=profile.device, dtype=profile.dtype)
+    keep = torch.zeros(b, h, t, t, dtype=torch.bool, device=profile.device)
+    kernel = _flash_kernel()
+    for start in range(0, t, d):
+        width = min(d, t - start)
+        v = torch.zeros_like(zeros)
+        v[:, :, start : start + width, :width] = torch.eye(width, device=profile.device, dtype=profile.dtype)
+        o = _seeded(seed, lambda v=v: kernel(zeros, zeros, v, causal=case.causal, dropout_p=p))
+        keep[..., start : start + width] = o[..., :width] != 0
+    return keep
+
+
+def _keep_rate(keep: Tensor, causal: bool, p: float) -> dict:
+    t = keep.shape[-1]
+    allowed = (
+        ~_causal_mask(t, keep.device) if causal else torch.ones(t, t, dtype=torch.bool, device=keep.device)
+    )
+    n = allowed.sum().item() * keep.shape[0] * keep.shape[1]
+    rate = (keep & allowed).sum().item() / n
+    sigma = math.sqrt(p * (1 - p) / n)
+    return {"keep_rate": rate, "expected": 1 - p, "passed": abs(rate - (1 - p)) <= 6 * sigma}
+
+
+def check_dropout_mask(case: CheckCase, profile: Profile, p: float, seed: int) -> dict:
+    """Forward and backward with dropout vs the fp32 reference under the kernel's own (recovered) mask."""
+    keep = recover_keep_mask(case, profile, p, seed)
+    q, k, v = _inputs(case, profile)
+    o = _seeded(seed, lambda: _flash_kernel()(q, k, v, causal=case.causal, dropout_p=p))
+    grad_out = torch.randn_like(o)
+    o.backward(grad_out)
+    ref = _reference_grads(q, k, v, grad_out, case.causal, keep, p)
+    got = {"o": [o.detach()], "dq": [q.grad], "dk": [k.grad], "dv": [v.grad]}
+    result = _errors(got, {n: [ref[n]] for n in got}, profile.dtype)
+    rate = _keep_rate(keep, case.causal, p)
+    distinct = case.batch * case.heads == 1 or not torch.equal(keep[0, 0], keep.flatten(0, 1)[-1])
+    passed = result["passed"] and rate["passed"] and distinct
+    return {**result, "keep": rate, "heads_differ": distinct, "passed": passed}
+
+
+def check_dropout_seeds(case: CheckCase, profile: Profile, p: float, n_seeds: int) -> dict:
+    """Same seed -> same output; another seed or the next call -> different; mean over seeds -> no dropout."""
+    q, k, v = (x.detach() for x in _inputs(case, profile))
+    run = functools.partial(_flash_kernel(), q, k, v, causal=case.causal)
+    with torch.no_grad():
+        first = _seeded(0, lambda: run(dropout_p=p))
+        following = run(dropout_p=p)
+        again = _seeded(0, lambda: run(dropout_p=p))
+        exact = run(dropout_p=0.0).float()
+        samples = torch.stack([_seeded(s, lambda: run(dropout_p=p)).float() for s in range(1, n_seeds + 1)])
+    # E|mean - exact|^2 = sum(var) / n when unbiased; the eps term absorbs rounding of low-precision outputs
+    noise = samples.var(0).sum() / n_seeds + ((torch.finfo(profile.dtype).eps * exact) ** 2).sum()
+    ratio = (((samples.mean(0) - exact) ** 2).sum() / noise).item()
+    flags = {
+        "same_seed_equal": torch.equal(first, again),
+        "next_call_differs": not torch.equal(first, following),
+        "other_seed_differs": not torch.equal(first, samples[0].to(first.dtype)),
+    }
+    return {**flags, "bias_ratio": ratio, "passed": all(flags.values()) and ratio <= BIAS_RATIO_MAX}
+
+
+def _guarded(name: str, fn: Callable[[], dict]) -> dict:
+    """A check that raises is a failed check with its reason, not a crash."""
+    try:
+        result = fn()
+    except Exception as err:
+        result = {"passed": False, "error": f"{type(err).__name__}: {err}"[:500]}
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    print(f"check {name}: {'ok' if result['passed'] else 'FAILED'} {_brief(result)}", flush=True)
+    return {"name": name, **result}
+
+
+def _brief(result: dict) -> str:
+    parts = [f"{n}={e:.1e}" for n, e in result.get("rel_err", {}).items()]
+    parts += [f"{n}={result[n]}" for n in ("bias_ratio", "same_seed_equal", "error") if n in result]
+    return " ".join(parts)
+
+
+def run_checks(profile: Profile, p: float = 0.1) -> dict:
+    torch.set_float32_matmul_precision("highest")  # the reference must be real fp32, not tf32
+    results = [
+        _guarded(
+            f"{'causal' if c.causal else 'full'} T={c.seq_len} D={c.head_dim}",
+            lambda c=c: check_case(c, profile),
+        )
+        for c in profile.check_cases
+    ]
+    for c in profile.dropout_cases:
+        tag = f"dropout {'causal' if c.causal else 'full'} T={c.seq_len} D={c.head_dim}"
+        results.append(_guarded(f"{tag} mask", lambda c=c: check_dropout_mask(c, profile, p, seed=1234)))
+        results.append(
+            _guarded(f"{tag} seeds", lambda c=c: check_dropout_seeds(c, profile, p, profile.dropout_seeds))
+        )
+    return {"passed": all(r["passed"] for r in results), "dtype": str(profile.dtype), "results": results}
+
+
+# --- reporting --------------------------------------------------------------------------------------------
+
+
+def _cell_tflops(tflops: dict[str, float]) -> str:
+    return " / ".join("-" if math.isnan(tflops[k]) else f"{tflops[k]:.0f}" for k in ("fwd", "bwd", "fwd_bwd"))
+
+
+def _cell(row: Row | dict | None) -> str:
+    if row is None:
+        return ""
+    row = row if isinstance(row, dict) else asdict(row)
+    if row["status"] != "ok":
+        return {"oom": "OOM", "skipped": "unsupported"}.get(row["status"], "error")
+    mem = f" ({row['peak_extra_gib']:.2f} GiB)" if row["peak_extra_gib"] is not None else ""
+    return _cell_tflops(row["tflops"]) + mem
+
+
+def _anchor_ratio(rows: list[dict], anchors: dict, anchor_provider: str) -> float | None:
+    """Geometric mean over T of measured fwd+bwd TFLOP/s / the anchor's, where both exist."""
+    ratios = []
+    for row in rows:
+        key = f"d{row['head_dim']}_p{row['dropout']}"
+        anchor = anchors.get(key, {}).get(anchor_provider, {}).get(str(row["seq_len"]))
+        if row["status"] == "ok" and anchor:
+            ratios.append(row["tflops"]["fwd_bwd"] / anchor[2])
+    return math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
+
+
+def _anchor_cell(provider: str, rows: list[dict], anchors: dict) -> str:
+    targets = ("sdpa_flash", "sdpa_cudnn") if provider == "flash" else (provider,)
+    parts = [(t, _anchor_ratio(rows, anchors, t)) for t in targets]
+    return ", ".join(f"{r:.2f}× {t}" for t, r in parts if r is not None)
+
+
+def markdown_tables(rows: Sequence[Row | dict], anchors: dict | None = None) -> str:
+    """One table per (head dim, dropout): fwd / bwd / fwd+bwd TFLOP/s (peak extra GiB), as in the anchors.
+    With `anchors`, a last column: fwd+bwd vs the anchors (geometric mean over T; flash vs FA2 and cuDNN)."""
+    dicts = [r if isinstance(r, dict) else asdict(r) for r in rows]
+    out = []
+    for head_dim, p in sorted({(r["head_dim"], r["dropout"]) for r in dicts}):
+        section = [r for r in dicts if (r["head_dim"], r["dropout"]) == (head_dim, p)]
+        seq_lens = sorted({r["seq_len"] for r in section})
+        providers = list(dict.fromkeys(r["provider"] for r in section))
+        extra = ["fwd+bwd vs H100 anchors"] if anchors else []
+        header = ["provider", *(f"T={t}" for t in seq_lens), *extra]
+        out += [
+            f"**head dim {head_dim}, causal, dropout {p}** — fwd / bwd / fwd+bwd TFLOP/s (peak extra memory)",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+        ]
+        for provider in providers:
+            mine = [r for r in section if r["provider"] == provider]
+            by_t = {r["seq_len"]: r for r in mine}
+            cells = [_cell(by_t.get(t)) for t in seq_lens]
+            cells += [_anchor_cell(provider, mine, anchors)] if anchors else []
+            out.append(f"| {provider} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def anchors_for(device_name: str, dtype: torch.dtype, tokens_per_call: int) -> dict | None:
+    """The anchors apply only to the same GPU model, dtype and shapes."""
+    if "H100" not in device_name or dtype != torch.bfloat16 or tokens_per_call != 16384:
+        return None
+    return json.loads(ANCHORS.read_text())["kernels"]
+
+
+# --- entry point ------------------------------------------------------------------------------------------
+
+
+def gpu_profile(quick: bool) -> Profile:
+    cases = [
+        CheckCase(4, 12, 1024, 64, causal=True),
+        CheckCase(4, 12, 1024, 64, causal=False),
+        CheckCase(2, 16, 1024, 128, causal=True, packed=True),
+        CheckCase(2, 16, 1024, 128, causal=False, packed=True),
+        CheckCase(2, 12, 1000, 64, causal=True),  # T not a multiple of any block size
+        CheckCase(4, 12, 4096, 64, causal=True, packed=True, samples=3),
+        CheckCase(1, 12, 16384, 64, causal=True, samples=2),
+        CheckCase(1, 12, 16384, 64, causal=False, samples=2),
+        CheckCase(1, 16, 16384, 128, causal=True, samples=2),
+    ]
+    dropout = [
+        CheckCase(2, 4, 256, 64, causal=True),
+        CheckCase(1, 2, 1024, 128, causal=False),
+        CheckCase(1, 2, 1000, 64, causal=True),
+    ]
+    return Profile(
+        device="cuda",
+        dtype=torch.bfloat16,
+        tokens_per_call=16384,
+        seq_lens=(1024, 4096) if quick else SEQ_LENS,
+        check_cases=tuple(cases[:5] if quick else cases),
+        dropout_cases=tuple(dropout[:1] if quick else dropout),
+        dropout_seeds=64,
+    )
+
+
+def cpu_profile() -> Profile:
+    """Triton's interpreter is slow (seconds per call at T = 256): tiny shapes, fp32."""
+    return Profile(
+        device="cpu",
+        dtype=torch.float32,
+        tokens_per_call=256,
+        seq_lens=(64, 128),
+        check_cases=(
+            CheckCase(2, 2, 128, 64, causal=True),
+            CheckCase(2, 2, 128, 64, causal=False),
+            CheckCase(1, 2, 100, 64, causal=True, packed=True),
+        ),
+        dropout_cases=(CheckCase(2, 2, 64, 64, causal=True),),
+        dropout_seeds=32,
+    )
+
+
+def _csv(cast: type) -> Callable[[str], list]:
+    return lambda text: [cast(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--provider", type=_csv(str), default=list(PROVIDERS), help="comma-separated")
+    parser.add_argument(
+        "--seq-lens", type=_csv(int), help="default 1024..16384 (--quick: 1K, 4K; CPU: 64, 128)"
+    )
+    parser.add_argument("--head-dims", type=_csv(int), help="default 64,128 (--quick: 64)")
+    parser.add_argument("--dropout", type=_csv(float), help="default 0,0.1 (--quick: 0)")
+    parser.add_argument("--quick", action="store_true", help="a fast subset of configs and checks")
+    parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--check-only", action="store_true")
+    parser.add_argument(
+        "--out", type=Path, help="JSON path; default results/bench_attention/<device>-<date>.json"
+    )
+    args = parser.parse_args(argv)
+    args.head_dims = args.head_dims or ([64] if args.quick else list(HEADS))
+    args.dropout = args.dropout or ([0.0] if args.quick else [0.0, 0.1])
+    if unknown := set(args.provider) - set(PROVIDERS):
+        parser.error(f"unknown providers {sorted(unknown)}; choose from {list(PROVIDERS)}")
+    if unknown := set(args.head_dims) - set(HEADS):
+        parser.error(f"unsupported head dims {sorted(unknown)}; choose from {list(HEADS)}")
+    return args
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def default_out(name: str, date: str) -> Path:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return ROOT / "results" / "bench_attention" / f"{slug}-{date}.json"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    profile = gpu_profile(args.quick) if cuda else cpu_profile()
+    args.seq_lens = args.seq_lens or list(profile.seq_lens)
+    name, date = device_name(), datetime.date.today().isoformat()
+    import triton
+
+    report: dict = {
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "date": date,
+        "command": shlex.join(["python", "scripts/bench_attention.py", *argv]),
+        "dtype": str(profile.dtype),
+        "tokens_per_call": profile.tokens_per_call,
+        "check": run_checks(profile) if args.check or args.check_only else None,
+        "rows": [],
+    }
+    if not args.check_only:
+        rows = run_benchmark(args, profile, cuda_timer if cuda else cpu_timer)
+        report["rows"] = [asdict(r) for r in rows]
+        print("\n" + markdown_tables(rows, anchors_for(name, profile.dtype, profile.tokens_per_call)))
+    out = args.out or default_out(name, date)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    failed = report["check"] is not None and not report["check"]["passed"]
+    if failed:
+        print("CORRECTNESS CHECK FAILED (see 'check' in the JSON)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
