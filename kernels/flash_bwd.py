@@ -1,0 +1,426 @@
+"""FlashAttention backward: dQ, dK, dV from Q, K, V, O, dO and the forward's log-sum-exp, with no T×T buffer.
+
+With S = Q·Kᵀ·scale, P = softmax(S) = exp(S − LSE), dropout keep-mask Z and keep-scale c = 1/(1 − p_drop):
+
+    P̃  = c·(P ∘ Z)            the probabilities the forward multiplied with V
+    dV = P̃ᵀ·dO
+    dP = c·Z ∘ (dO·Vᵀ)
+    dS = P ∘ (dP − δ),        δ = rowsum(dP ∘ P) = rowsum(dO ∘ O)     (the preprocess below)
+    dQ = scale · dS·K,        dK = scale · dSᵀ·Q
+
+P and Z are recomputed tile by tile from Q, K, the LSE and the dropout seed. Two kernels split the work so that
+every sum has a single owner and runs in a fixed order (deterministic, no float atomics): one program per key
+tile accumulates its dK and dV over query tiles, one program per query tile accumulates its dQ over key tiles.
+The price is recomputing S and dP in both, 7 matrix products instead of 5.
+"""
+
+import triton
+import triton.language as tl
+
+from .dropout import dropout_keep_mask
+
+LOG2E: tl.constexpr = 1.4426950408889634
+
+
+@triton.jit
+def flash_bwd_preprocess_kernel(
+    O,
+    DO,
+    Delta,
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    stride_od,
+    stride_dob,
+    stride_doh,
+    stride_dot,
+    stride_dod,
+    n_heads,
+    seq_len,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """δ = rowsum(dO ∘ O), in fp32, one value per query row."""
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    o_ptrs = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    do_ptrs = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    o = tl.load(o_ptrs + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
+    do = tl.load(
+        do_ptrs + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0
+    )
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + bh.to(tl.int64) * seq_len + offs_m, delta, mask=row_ok)
+
+
+@triton.jit
+def _dkdv_tiles(
+    dk,
+    dv,
+    k,
+    v,
+    q_head,
+    do_head,
+    lse_row,
+    delta_row,
+    stride_qt,
+    stride_qd,
+    stride_dot,
+    stride_dod,
+    offs_n,
+    offs_d,
+    start_n,
+    lo,
+    hi,
+    seq_len,
+    qk_scale,
+    bh,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulate dK, dV of one key tile over query tiles [lo, hi), in the transposed (key-major) layout."""
+    offs_m = lo + tl.arange(0, BLOCK_M)
+    qT_ptrs = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
+    do_ptrs = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        if MASKED:
+            row_ok = offs_m < seq_len
+            qT = tl.load(qT_ptrs, mask=row_ok[None, :], other=0.0)
+            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
+            lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * LOG2E
+            delta = tl.load(delta_row + offs_m, mask=row_ok, other=0.0)
+        else:
+            qT = tl.load(qT_ptrs)
+            do = tl.load(do_ptrs)
+            lse2 = tl.load(lse_row + offs_m) * LOG2E
+            delta = tl.load(delta_row + offs_m)
+        if UPCAST:
+            qT = qT.to(tl.float32)
+            do = do.to(tl.float32)
+
+        sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)
+        pT = tl.exp2(sT * qk_scale - lse2[None, :])
+        if MASKED:
+            visible = row_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_m[None, :] >= offs_n[:, None])
+            pT = tl.where(visible, pT, 0.0)
+        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # (dO·Vᵀ)ᵀ, (BLOCK_N, BLOCK_M)
+        if DROPOUT:
+            keep = dropout_keep_mask(
+                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
+            )
+            keepT = tl.trans(keep)
+            pT_dropped = tl.where(keepT, pT * dropout_scale, 0.0)
+            dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
+        else:
+            pT_dropped = pT
+        dv += tl.dot(pT_dropped.to(do.dtype), do, input_precision=INPUT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=INPUT_PRECISION)
+
+        qT_ptrs += BLOCK_M * stride_qt
+        do_ptrs += BLOCK_M * stride_dot
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
+def flash_bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    Delta,
+    DK,
+    DV,
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dot,
+    stride_dod,
+    stride_dkb,
+    stride_dkh,
+    stride_dkt,
+    stride_dkd,
+    stride_dvb,
+    stride_dvh,
+    stride_dvt,
+    stride_dvd,
+    n_heads,
+    seq_len,
+    softmax_scale,
+    qk_scale,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    # Causal key tiles near the start see the most query rows: launch them first.
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_head = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    v_head = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    lse_row = LSE + bh.to(tl.int64) * seq_len
+    delta_row = Delta + bh.to(tl.int64) * seq_len
+
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < seq_len
+    k = tl.load(k_head + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=col_ok[:, None], other=0.0)
+    v = tl.load(v_head + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=col_ok[:, None], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+
+    # Query tiles: the causal diagonal band (masked), a mask-free bulk, and the ragged last tile (masked).
+    # Query rows above the band never see this key tile and are skipped.
+    full_rows = (seq_len // BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        band_hi = tl.minimum(start_n + BLOCK_N, seq_len)
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_head, do_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
+            offs_n, offs_d, start_n, start_n, band_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi,
+            dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
+        )  # fmt: skip
+        bulk_lo = start_n + BLOCK_N
+    else:
+        bulk_lo = 0
+    bulk_hi = tl.maximum(bulk_lo, full_rows)
+    dk, dv = _dkdv_tiles(
+        dk, dv, k, v, q_head, do_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
+        offs_n, offs_d, start_n, bulk_lo, bulk_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi,
+        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+    dk, dv = _dkdv_tiles(
+        dk, dv, k, v, q_head, do_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
+        offs_n, offs_d, start_n, bulk_hi, seq_len, seq_len, qk_scale, bh, seed, offset_lo, offset_hi,
+        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+
+    dk_head = DK + b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    dv_head = DV + b.to(tl.int64) * stride_dvb + h.to(tl.int64) * stride_dvh
+    dk = dk * softmax_scale
+    tl.store(
+        dk_head + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd,
+        dk.to(DK.dtype.element_ty),
+        mask=col_ok[:, None],
+    )
+    tl.store(
+        dv_head + offs_n[:, None] * stride_dvt + offs_d[None, :] * stride_dvd,
+        dv.to(DV.dtype.element_ty),
+        mask=col_ok[:, None],
+    )
+
+
+@triton.jit
+def _dq_tiles(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    k_head,
+    v_head,
+    stride_kt,
+    stride_kd,
+    stride_vt,
+    stride_vd,
+    offs_m,
+    offs_d,
+    lo,
+    hi,
+    seq_len,
+    qk_scale,
+    bh,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulate dQ of one query tile over key tiles [lo, hi)."""
+    offs_n = lo + tl.arange(0, BLOCK_N)
+    kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+    vT_ptrs = v_head + offs_n[None, :] * stride_vt + offs_d[:, None] * stride_vd  # (D, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            col_ok = offs_n < seq_len
+            kT = tl.load(kT_ptrs, mask=col_ok[None, :], other=0.0)
+            vT = tl.load(vT_ptrs, mask=col_ok[None, :], other=0.0)
+        else:
+            kT = tl.load(kT_ptrs)
+            vT = tl.load(vT_ptrs)
+        if UPCAST:
+            kT = kT.to(tl.float32)
+            vT = vT.to(tl.float32)
+
+        s = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        p = tl.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:
+            visible = col_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_m[:, None] >= offs_n[None, :])
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        if DROPOUT:
+            keep = dropout_keep_mask(
+                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
+            )
+            dp = tl.where(keep, dp * dropout_scale, 0.0)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=INPUT_PRECISION)
+
+        kT_ptrs += BLOCK_N * stride_kt
+        vT_ptrs += BLOCK_N * stride_vt
+    return dq
+
+
+@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
+def flash_bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    Delta,
+    DQ,
+    stride_qb,
+    stride_qh,
+    stride_qt,
+    stride_qd,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_kd,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    stride_vd,
+    stride_dob,
+    stride_doh,
+    stride_dot,
+    stride_dod,
+    stride_dqb,
+    stride_dqh,
+    stride_dqt,
+    stride_dqd,
+    n_heads,
+    seq_len,
+    softmax_scale,
+    qk_scale,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    # Causal query tiles near the end see the most key tiles: launch them first.
+    n_blocks_m = tl.cdiv(seq_len, BLOCK_M)
+    pid_m = (n_blocks_m - 1 - tl.program_id(0)) if CAUSAL else tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_head = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    v_head = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    do = tl.load(
+        do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse2 = tl.load(LSE + bh.to(tl.int64) * seq_len + offs_m, mask=row_ok, other=0.0) * LOG2E
+    delta = tl.load(Delta + bh.to(tl.int64) * seq_len + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+
+    # Same split as the forward: a mask-free bulk of key tiles, then the causal diagonal band or ragged tail.
+    if CAUSAL:
+        unmasked_hi = start_m
+        masked_hi = tl.minimum(start_m + BLOCK_M, seq_len)
+    else:
+        unmasked_hi = (seq_len // BLOCK_N) * BLOCK_N
+        masked_hi = seq_len
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
+        0, unmasked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale,
+        BLOCK_M, BLOCK_N, False, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
+        unmasked_hi, masked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
+        dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+
+    dq_head = DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    dq = dq * softmax_scale
+    tl.store(
+        dq_head + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,
+        dq.to(DQ.dtype.element_ty),
+        mask=row_ok[:, None],
+    )

@@ -1,0 +1,192 @@
+"""`flash_attention`: argument checks, the autograd wiring and the kernel launches."""
+
+import math
+import os
+
+import torch
+import triton
+
+from .flash_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess_kernel
+from .flash_fwd import flash_fwd_kernel
+from .tuning import LaunchConfig, launch_config
+
+LOG2E = math.log2(math.e)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Dropout counters are 32-bit: row · ⌈T/4⌉ + col/4 must stay below 2³².
+MAX_DROPOUT_SEQ_LEN = 131_072
+PREPROCESS_BLOCK_M = 128
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"flash_attention: {name} must have shape (B, H, T, D), got {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"flash_attention: {name} has dtype {t.dtype}; supported: float16, bfloat16 (GPU) and float32"
+            )
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"flash_attention: q, k, v must have the same shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"flash_attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"flash_attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cpu" and not _interpreting():
+        raise ValueError(
+            "flash_attention: q is a CPU tensor; the kernel needs CUDA tensors, or TRITON_INTERPRET=1 set before "
+            "`kernels` is first imported to run through the Triton interpreter"
+        )
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"flash_attention: unsupported device {q.device}; use CUDA (or CPU when interpreting)")
+    batch, heads, seq_len, head_dim = q.shape
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"flash_attention: head dim {head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
+    if seq_len < 1 or batch < 1 or heads < 1:
+        raise ValueError(f"flash_attention: empty input of shape {tuple(q.shape)}")
+    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
+        raise ValueError(f"flash_attention: dropout_p must be in [0, 1), got {dropout_p!r}")
+    if dropout_p > 0 and seq_len > MAX_DROPOUT_SEQ_LEN:
+        raise ValueError(
+            f"flash_attention: dropout supports sequences up to {MAX_DROPOUT_SEQ_LEN} tokens, got {seq_len}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        # Offsets inside one (batch, head) are 32-bit in the kernels; batch and head offsets are 64-bit.
+        if (seq_len - 1) * t.stride(2) + (head_dim - 1) * t.stride(3) >= 2**31:
+            raise ValueError(f"flash_attention: {name} spans more than 2³¹ elements within one head")
+
+
+def _rng_seed_and_offset(device: torch.device) -> tuple[int, int]:
+    """Key and counter offset for this call's dropout mask, drawn from PyTorch's default generator.
+
+    On CUDA we take the generator's Philox seed and reserve one offset, as PyTorch's own dropout does, without a
+    device sync; on the CPU we draw both from the CPU generator. Either way `torch.manual_seed` and the
+    generator's saved state make the mask reproducible.
+    """
+    if device.type == "cuda":
+        gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+        offset = gen.get_offset()
+        gen.set_offset(offset + 4)
+        return gen.initial_seed(), offset
+    seed, offset = torch.randint(0, 2**62, (2,), dtype=torch.int64).tolist()
+    return seed, offset
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _config(kernel_pass: str, q: torch.Tensor, causal: bool, dropout: bool) -> LaunchConfig:
+    cfg = launch_config(
+        kernel_pass, q.shape[-1], _dtype_name(q.dtype), causal, dropout, q.shape[2], _interpreting()
+    )
+    cfg.validate(kernel_pass)
+    return cfg
+
+
+def _kernel_flags(q: torch.Tensor) -> dict:
+    """Interpreter: its bf16 tl.dot is wrong (triton#11584), so bf16 tiles are upcast to fp32 there.
+    fp32 inputs get IEEE products (Triton's default for fp32 is TF32 on the GPU)."""
+    return {
+        "UPCAST": _interpreting() and q.dtype == torch.bfloat16,
+        "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+    }
+
+
+def _dropout_args(dropout_p: float, seed: int, offset: int) -> tuple[int, int, int, int, float]:
+    threshold = int(dropout_p * 2**32)
+    keep_scale = 2**32 / (2**32 - threshold)
+    return seed, offset & 0xFFFFFFFF, offset >> 32, threshold, keep_scale
+
+
+def _forward(q, k, v, causal: bool, dropout_p: float, softmax_scale: float, seed: int, offset: int):
+    batch, heads, seq_len, head_dim = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
+    cfg = _config("fwd", q, causal, dropout_p > 0)
+    grid = (triton.cdiv(seq_len, cfg.block_m), batch * heads)
+    flash_fwd_kernel[grid](
+        q, k, v, o, lse,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        heads, seq_len, softmax_scale * LOG2E, *_dropout_args(dropout_p, seed, offset),
+        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, DROPOUT=dropout_p > 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_kernel_flags(q),
+    )  # fmt: skip
+    return o, lse
+
+
+def _backward(do, q, k, v, o, lse, causal: bool, dropout_p: float, softmax_scale: float, seed: int, offset: int):
+    batch, heads, seq_len, head_dim = q.shape
+    delta = torch.empty_like(lse)
+    flash_bwd_preprocess_kernel[(triton.cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads)](
+        o, do, delta, *o.stride(), *do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M
+    )
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dropout = dropout_p > 0
+    common = dict(
+        HEAD_DIM=head_dim, CAUSAL=causal, DROPOUT=dropout, **_kernel_flags(q)
+    )
+    scalars = (heads, seq_len, softmax_scale, softmax_scale * LOG2E, *_dropout_args(dropout_p, seed, offset))
+
+    cfg = _config("bwd_dkdv", q, causal, dropout)
+    flash_bwd_dkdv_kernel[(triton.cdiv(seq_len, cfg.block_n), batch * heads)](
+        q, k, v, do, lse, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *scalars,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+    )  # fmt: skip
+    cfg = _config("bwd_dq", q, causal, dropout)
+    flash_bwd_dq_kernel[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
+        q, k, v, do, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *scalars,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, dropout_p: float, softmax_scale: float):
+        seed, offset = _rng_seed_and_offset(q.device) if dropout_p > 0 else (0, 0)
+        o, lse = _forward(q, k, v, causal, dropout_p, softmax_scale, seed, offset)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (causal, dropout_p, softmax_scale, seed, offset)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(do, q, k, v, o, lse, *ctx.args)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention softmax(q·kᵀ·scale + causal mask)·v with dropout on the probabilities, fused in Triton.
+
+    q, k, v: (B, H, T, D) with any strides; float16/bfloat16 on CUDA, float32 anywhere (CPU tensors need
+    TRITON_INTERPRET=1). Returns o (B, H, T, D), and with `return_lse` also the float32 log-sum-exp (B, H, T)
+    of each row of the scaled, masked scores. Differentiable in q, k and v; dropout draws its seed from PyTorch's
+    default generator, so `torch.manual_seed` makes it reproducible.
+    """
+    _check_inputs(q, k, v, dropout_p)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    o, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), float(dropout_p), scale)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,81 @@
+"""Launch configurations: tile sizes, warps and pipeline stages per (pass, head dim, dtype, causal, T bucket).
+
+The table is measured on Hopper by `scripts/tune_attention.py` and committed as `tuned_h100.json`; a lookup is
+a dictionary access, so nothing is re-tuned at run time. Shapes the table does not cover fall back to the
+defaults below, which are sound on any GPU Triton supports. Under the interpreter tiles are chosen for speed on
+the CPU (fewer, larger numpy operations), since warps and stages mean nothing there.
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+TUNED_TABLE = Path(__file__).with_name("tuned_h100.json")
+SEQ_LEN_BUCKETS = (1024, 2048, 4096, 8192, 16384)
+PASSES = ("fwd", "bwd_dkdv", "bwd_dq")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def validate(self, kernel_pass: str) -> None:
+        """Each pass walks its diagonal band in steps of the smaller tile, which must divide the larger."""
+        big, small = (self.block_n, self.block_m) if kernel_pass == "bwd_dkdv" else (self.block_m, self.block_n)
+        if big % small:
+            raise ValueError(f"{kernel_pass}: tile {small} must divide tile {big} ({self})")
+
+
+_DEFAULTS: dict[tuple[str, int], LaunchConfig] = {
+    ("fwd", 32): LaunchConfig(128, 64, 4, 3),
+    ("fwd", 64): LaunchConfig(128, 64, 4, 3),
+    ("fwd", 128): LaunchConfig(128, 64, 8, 3),
+    ("bwd_dkdv", 32): LaunchConfig(32, 128, 4, 3),
+    ("bwd_dkdv", 64): LaunchConfig(32, 128, 4, 3),
+    ("bwd_dkdv", 128): LaunchConfig(32, 128, 8, 3),
+    ("bwd_dq", 32): LaunchConfig(128, 32, 4, 3),
+    ("bwd_dq", 64): LaunchConfig(128, 32, 4, 3),
+    ("bwd_dq", 128): LaunchConfig(128, 32, 8, 3),
+}
+_INTERPRETER = LaunchConfig(64, 32, 1, 1)
+
+
+def seq_len_bucket(seq_len: int) -> int:
+    """The smallest tuned bucket that holds seq_len (the largest bucket for anything longer)."""
+    return next((b for b in SEQ_LEN_BUCKETS if seq_len <= b), SEQ_LEN_BUCKETS[-1])
+
+
+def table_key(kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, bucket: int) -> str:
+    return f"{kernel_pass}/d{head_dim}/{dtype}/{'causal' if causal else 'full'}/{'drop' if dropout else 'nodrop'}/T{bucket}"
+
+
+@cache
+def _tuned_table() -> dict[str, LaunchConfig]:
+    if not TUNED_TABLE.exists():
+        return {}
+    raw = json.loads(TUNED_TABLE.read_text())["configs"]
+    return {key: LaunchConfig(**cfg) for key, cfg in raw.items()}
+
+
+def launch_config(
+    kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, seq_len: int, interpreting: bool
+) -> LaunchConfig:
+    """The configuration to launch `kernel_pass` with; `dtype` is 'float16', 'bfloat16' or 'float32'."""
+    if interpreting:
+        return _INTERPRETER if kernel_pass != "bwd_dkdv" else LaunchConfig(32, 64, 1, 1)
+    key = table_key(kernel_pass, head_dim, dtype, causal, dropout, seq_len_bucket(seq_len))
+    tuned = _tuned_table().get(key)
+    if tuned is not None:
+        return tuned
+    default = _DEFAULTS[(kernel_pass, max(32, head_dim))]
+    if dtype == "float32":  # fp32 tiles take twice the shared memory
+        return LaunchConfig(default.block_m // 2 or 16, default.block_n // 2 or 16, default.num_warps, 2)
+    return default
+
+
+def config_to_json(cfg: LaunchConfig) -> dict[str, int]:
+    return asdict(cfg)

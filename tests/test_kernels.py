@@ -1,0 +1,248 @@
+"""The Triton FlashAttention kernel against a float64 reference, through the Triton interpreter.
+
+Every check draws fresh random inputs (its seed is in the failure message); shapes are small because the
+interpreter runs each tile as numpy operations.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+from kernels import flash_attention
+
+FP32_TOL = 1e-5  # the interpreter's fp32 products are exact; what remains is summation order
+LOW_PRECISION_TOL = 2e-2  # bf16/fp16 inputs, outputs and probabilities rounded to 8/11 mantissa bits
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed for every check, printed on failure so any failure can be replayed."""
+    value = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(value)
+    return value
+
+
+def reference_attention(q, k, v, *, causal: bool, scale: float | None = None, keep: torch.Tensor | None = None,
+                        dropout_p: float = 0.0):  # fmt: skip
+    """softmax(q·kᵀ·scale + mask)·v in float64; `keep` applies a given dropout mask. Returns (o, lse)."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ k.transpose(-1, -2) * scale
+    if causal:
+        t = q.shape[2]
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1)
+    if keep is not None:
+        p = p * keep / (1.0 - dropout_p)
+    return p @ v, lse
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖, or ‖a‖ where b is exactly zero (T = 1 has zero score gradients)."""
+    diff = (actual.double() - expected.double()).norm().item()
+    norm = expected.double().norm().item()
+    return diff / norm if norm > 0 else diff
+
+
+def make_qkv(batch: int, heads: int, seq_len: int, head_dim: int, layout: str, dtype=torch.float32):
+    """q, k, v of shape (B, H, T, D): contiguous, views of a fused qkv projection, or with a non-unit D stride."""
+    if layout == "contiguous":
+        tensors = [torch.randn(batch, heads, seq_len, head_dim, dtype=dtype) for _ in range(3)]
+    elif layout == "fused_qkv":
+        qkv = torch.randn(batch, seq_len, 3, heads, head_dim, dtype=dtype)
+        tensors = [qkv[:, :, i].transpose(1, 2) for i in range(3)]
+    elif layout == "transposed_d":
+        tensors = [torch.randn(batch, heads, head_dim, seq_len, dtype=dtype).transpose(-1, -2) for _ in range(3)]
+    else:
+        raise ValueError(layout)
+    return [t.requires_grad_() for t in tensors]
+
+
+def check_against_reference(q, k, v, *, causal: bool, tol: float, seed: int, scale: float | None = None):
+    o, lse = flash_attention(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
+    do = torch.randn_like(o)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+
+    ref_o, ref_lse = reference_attention(q, k, v, causal=causal, scale=scale)
+    ref_dq, ref_dk, ref_dv = torch.autograd.grad(ref_o, (q, k, v), do.double())
+
+    assert o.dtype == q.dtype and o.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+    for name, got, want in (("o", o, ref_o), ("lse", lse, ref_lse), ("dq", dq, ref_dq), ("dk", dk, ref_dk),
+                            ("dv", dv, ref_dv)):  # fmt: skip
+        assert torch.isfinite(got).all(), f"{name} has non-finite values (seed {seed})"
+        err = rel_err(got, want)
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol} (seed {seed}, shape {tuple(q.shape)})"
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("seq_len", [1, 17, 64, 77, 200])
+def test_matches_float64_reference(seq_len, head_dim, causal, seed):
+    q, k, v = make_qkv(1, 2, seq_len, head_dim, "contiguous")
+    check_against_reference(q, k, v, causal=causal, tol=FP32_TOL, seed=seed)
+
+
+@pytest.mark.parametrize("layout", ["fused_qkv", "transposed_d"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("seq_len", [77, 200])
+def test_strided_inputs(seq_len, causal, layout, seed):
+    q, k, v = make_qkv(2, 3, seq_len, 64, layout)
+    assert not q.is_contiguous()
+    check_against_reference(q, k, v, causal=causal, tol=FP32_TOL, seed=seed)
+
+
+def test_custom_softmax_scale(seed):
+    q, k, v = make_qkv(1, 2, 77, 32, "contiguous")
+    check_against_reference(q, k, v, causal=True, scale=0.3, tol=FP32_TOL, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs(dtype, seed):
+    q, k, v = make_qkv(1, 2, 100, 64, "fused_qkv", dtype=dtype)
+    check_against_reference(q, k, v, causal=True, tol=LOW_PRECISION_TOL, seed=seed)
+
+
+def test_large_logits_stay_finite(seed):
+    """Online softmax must not overflow where a naive exp would (scores ~ 1e4). Only the forward is compared:
+    with near one-hot probabilities the score gradients are pure cancellation, ill-conditioned in any precision."""
+    q, k, v = make_qkv(1, 2, 77, 32, "contiguous")
+    q, k = q.detach() * 100.0, k.detach() * 100.0
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    ref_o, ref_lse = reference_attention(q, k, v, causal=True)
+    assert rel_err(o, ref_o) < 1e-4 and rel_err(lse, ref_lse) < 1e-6, f"seed {seed}"
+    grads = torch.autograd.grad(o.sum(), v)
+    assert torch.isfinite(grads[0]).all()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Dropout
+
+
+def recover_keep_mask(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool, p: float, rng_seed: int):
+    """The kernel's keep-mask for the call made right after torch.manual_seed(rng_seed).
+
+    With q = k = 0 every visible probability is 1/n_visible; with v = one-hot rows (T <= D), o[i, j] is the
+    dropped, rescaled probability of column j, so it is non-zero exactly where the mask keeps.
+    """
+    assert seq_len <= head_dim
+    zeros = torch.zeros(batch, heads, seq_len, head_dim)
+    one_hot = torch.eye(seq_len, head_dim).expand(batch, heads, seq_len, head_dim).contiguous()
+    torch.manual_seed(rng_seed)
+    o = flash_attention(zeros, zeros, one_hot, causal=causal, dropout_p=p)
+    keep = o[..., :seq_len] != 0
+    if causal:
+        assert not keep.triu(1).any(), "dropout kept a probability above the diagonal"
+    return keep
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("seq_len", [17, 77])
+def test_backward_uses_the_forward_mask(seq_len, causal, seed):
+    """o and dq, dk, dv equal the float64 reference under the recovered mask, so forward and backward agree."""
+    p, rng_seed = 0.3, seed
+    keep = recover_keep_mask(2, 2, seq_len, 128, causal, p, rng_seed)
+    q, k, v = make_qkv(2, 2, seq_len, 128, "fused_qkv")
+
+    torch.manual_seed(rng_seed)
+    o = flash_attention(q, k, v, causal=causal, dropout_p=p)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+
+    ref_o, _ = reference_attention(q, k, v, causal=causal, keep=keep, dropout_p=p)
+    ref_grads = torch.autograd.grad(ref_o, (q, k, v), do.double())
+    assert rel_err(o, ref_o) < FP32_TOL, f"seed {seed}"
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert rel_err(got, want) < FP32_TOL, f"{name} disagrees with the forward's mask (seed {seed})"
+
+
+def test_dropout_is_reproducible_from_the_seed(seed):
+    q, k, v = make_qkv(1, 2, 64, 32, "contiguous")
+
+    def run(rng_seed: int):
+        torch.manual_seed(rng_seed)
+        o = flash_attention(q, k, v, dropout_p=0.2)
+        return (o, *torch.autograd.grad(o.sum(), (q, k, v)))
+
+    first, again, other = run(seed), run(seed), run(seed + 1)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b), f"same seed, different result (seed {seed})"
+    assert not torch.equal(first[0], other[0]), f"different seeds gave the same output (seed {seed})"
+    # Consecutive calls draw fresh masks.
+    torch.manual_seed(seed)
+    o1 = flash_attention(q, k, v, dropout_p=0.2)
+    o2 = flash_attention(q, k, v, dropout_p=0.2)
+    assert not torch.equal(o1, o2)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_drop_fraction(p, seed):
+    """Over ~100K visible entries the dropped fraction is p within 5 standard deviations."""
+    keep = recover_keep_mask(2, 4, 128, 128, False, p, seed)
+    n = keep.numel()
+    dropped = 1.0 - keep.double().mean().item()
+    sigma = math.sqrt(p * (1 - p) / n)
+    assert abs(dropped - p) < 5 * sigma, f"dropped {dropped:.5f}, expected {p} ± {5 * sigma:.5f} (seed {seed})"
+    # Neighbouring columns come from one Philox draw; they must still be independent of each other.
+    both_kept = (keep[..., 0::2] & keep[..., 1::2]).double().mean().item()
+    assert abs(both_kept - (1 - p) ** 2) < 5 * math.sqrt((1 - p) ** 2 * (1 - (1 - p) ** 2) / (n / 2))
+
+
+def test_dropout_is_unbiased(seed):
+    """The mean of the output over many seeds converges to the no-dropout output at the rate 1/√N.
+
+    E‖mean − o‖² = Σ Var / N; the ratio of the two sides is near 1 for an unbiased estimator and grows with N
+    for a biased one (e.g. a keep-scale that is off by the resolution of the random numbers).
+    """
+    n_seeds, p = 48, 0.25
+    q, k, v = (t.detach() for t in make_qkv(1, 2, 48, 32, "contiguous"))
+    exact, _ = reference_attention(q, k, v, causal=True)
+    samples = []
+    for i in range(n_seeds):
+        torch.manual_seed(seed + i)
+        samples.append(flash_attention(q, k, v, causal=True, dropout_p=p).double())
+    samples = torch.stack(samples)
+    mean, var = samples.mean(0), samples.var(0)
+    ratio = (mean - exact).pow(2).sum().item() / (var.sum().item() / n_seeds)
+    assert 0.5 < ratio < 2.0, f"squared error / expected = {ratio:.2f} (seed {seed})"
+
+
+def test_zero_dropout_is_exact(seed):
+    q, k, v = make_qkv(1, 2, 77, 64, "contiguous")
+    o = flash_attention(q, k, v, dropout_p=0.0)
+    ref, _ = reference_attention(q, k, v, causal=True)
+    assert rel_err(o, ref) < FP32_TOL
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_errors_name_the_problem(monkeypatch):
+    q = torch.randn(1, 2, 16, 32)
+    with pytest.raises(ValueError, match="same shape"):
+        flash_attention(q, q, torch.randn(1, 2, 17, 32))
+    with pytest.raises(ValueError, match=r"\(B, H, T, D\)"):
+        flash_attention(q[0], q[0], q[0])
+    with pytest.raises(TypeError, match="dtype"):
+        flash_attention(q.long(), q.long(), q.long())
+    with pytest.raises(TypeError, match="dtype"):
+        flash_attention(q.double(), q.double(), q.double())
+    with pytest.raises(TypeError, match="share a dtype"):
+        flash_attention(q, q.half(), q)
+    with pytest.raises(ValueError, match="one device"):
+        flash_attention(q, q, q.to("meta"))
+    with pytest.raises(ValueError, match="head dim 48"):
+        bad = torch.randn(1, 2, 16, 48)
+        flash_attention(bad, bad, bad)
+    for p in (1.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="dropout_p"):
+            flash_attention(q, q, q, dropout_p=p)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        flash_attention(q.numpy(), q, q)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        flash_attention(q, q, q)
