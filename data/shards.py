@@ -87,6 +87,7 @@ def prepare_shards(cfg: DataConfig, *, force: bool = False) -> Path:
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
+        staging.chmod(0o755)  # mkdtemp makes it private; the published folder is ordinary shared data
         _write_shards(cfg, staging)
         _publish(staging, directory, replace=force)
     finally:
