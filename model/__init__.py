@@ -1,0 +1,1 @@
+"""GPT-2 and its pluggable inner attention."""

@@ -1,0 +1,156 @@
+"""The typed config tree. Registered in Hydra's ConfigStore as the schema of configs/config.yaml, so every group
+file and command-line override is checked against these dataclasses: a misspelt key or a wrong type fails at
+start-up, before any work. `validate` adds the checks that span fields."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from data.config import DataConfig
+from model.attention import ATTENTION_BACKENDS
+from model.gpt import ModelConfig
+
+# A guard against typos such as seq_len=655360: at 64K tokens GPT-2's learned position table alone is 50M
+# parameters, and the attention benchmarks stop at 16K.
+MAX_SEQ_LEN = 65536
+
+
+class Device(str, Enum):
+    auto = "auto"  # cuda when available, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class WandbMode(str, Enum):
+    offline = "offline"  # no account or network needed; upload later with `wandb sync <run dir>/wandb/offline-run-*`
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass
+class AttentionConfig:
+    name: str = MISSING  # naive | flash | sdpa (model/attention.py)
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 8  # sequences per micro-step per process
+    grad_accum: int = 1  # micro-steps per optimizer step
+    tokens_per_step: int | None = None  # when set, derives grad_accum = tokens_per_step / (batch_size·seq_len·ranks)
+    max_steps: int = 1000  # optimizer steps; the learning-rate schedule spans them
+    stop_at_step: int | None = None  # end this job after that step (checkpointed) without changing the schedule
+    lr: float = 6e-4
+    min_lr: float | None = None  # where the cosine ends; None: lr / 10
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+
+
+@dataclass
+class EvalConfig:
+    every: int = 250  # steps between evaluations; 0: only after the last step
+    steps: int = 20  # batches per evaluation
+    batch_size: int = 8  # windows of seq_len tokens per batch
+    span_len: int | None = None  # tokens per held-out span, a multiple of seq_len; None: seq_len
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 1000  # steps between checkpoints (and one after the last step); 0: never checkpoint
+
+
+@dataclass
+class LogConfig:
+    every: int = 10  # steps between metrics lines (the last step is always logged)
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.offline
+    project: str = "flashgpt"
+    entity: str | None = None
+    name: str | None = None
+    dir: str | None = None  # None: the run dir
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    attention: AttentionConfig = MISSING
+    data: DataConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    seq_len: int = 1024  # training context; also the model's block size (position embeddings)
+    device: Device = Device.auto
+    seed: int = 0
+    resume: str | None = None  # a checkpoint path, or "auto": the run dir's latest checkpoint if there is one
+    compile: bool = False  # torch.compile the model
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="config_schema", node=Config)
+
+
+def typed_config(cfg: DictConfig) -> Config:
+    """The composed config as dataclasses. Hydra lets `+key=value` add keys even to a schema node; merging into
+    a fresh schema rejects those too, so every key of a run is one the code reads."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg)))
+
+
+def validate(cfg: Config) -> None:
+    """Checks across fields, run before any data is loaded or model built; raises ValueError."""
+    if not 0 < cfg.seq_len <= MAX_SEQ_LEN:
+        raise ValueError(f"seq_len={cfg.seq_len} is out of range: it must be in [1, {MAX_SEQ_LEN}]")
+    if cfg.attention.name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention.name={cfg.attention.name!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
+    if cfg.model.d_model % cfg.model.n_head:
+        raise ValueError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_head={cfg.model.n_head}")
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ValueError(f"model.dropout={cfg.model.dropout} must be in [0, 1)")
+    span_len = cfg.eval.span_len
+    if span_len is not None and (span_len < cfg.seq_len or span_len % cfg.seq_len):
+        raise ValueError(
+            f"eval.span_len={span_len} must be a multiple of seq_len={cfg.seq_len} (at least seq_len): each span "
+            "is cut into whole seq_len windows"
+        )
+    if cfg.train.stop_at_step is not None and not 1 <= cfg.train.stop_at_step <= cfg.train.max_steps:
+        raise ValueError(
+            f"train.stop_at_step={cfg.train.stop_at_step} must be in [1, train.max_steps={cfg.train.max_steps}]"
+        )
+    positive = {
+        "train.lr": cfg.train.lr,
+        "train.batch_size": cfg.train.batch_size,
+        "train.grad_accum": cfg.train.grad_accum,
+        "train.max_steps": cfg.train.max_steps,
+        "eval.steps": cfg.eval.steps,
+        "eval.batch_size": cfg.eval.batch_size,
+        "log.every": cfg.log.every,
+    }
+    if cfg.train.tokens_per_step is not None:
+        positive["train.tokens_per_step"] = cfg.train.tokens_per_step
+    for key, value in positive.items():
+        if value <= 0:
+            raise ValueError(f"{key}={value} must be positive")
+    for key, value in {"eval.every": cfg.eval.every, "checkpoint.every": cfg.checkpoint.every}.items():
+        if value < 0:
+            raise ValueError(f"{key}={value} must be >= 0")
+
+
+def grad_accum_steps(train: TrainConfig, seq_len: int, world_size: int) -> int:
+    """Micro-steps per optimizer step: train.grad_accum, or derived from train.tokens_per_step when that is set."""
+    if train.tokens_per_step is None:
+        return train.grad_accum
+    tokens_per_micro_step = train.batch_size * seq_len * world_size
+    if train.tokens_per_step % tokens_per_micro_step:
+        raise ValueError(
+            f"train.tokens_per_step={train.tokens_per_step} is not divisible by batch_size·seq_len·world_size = "
+            f"{train.batch_size}·{seq_len}·{world_size} = {tokens_per_micro_step}"
+        )
+    return train.tokens_per_step // tokens_per_micro_step

@@ -1,0 +1,299 @@
+"""The training loop: build everything from the config, train, evaluate, checkpoint, and write result.json."""
+
+import logging
+import random
+import statistics
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from data import load_splits
+from data.batches import get_batch
+from data.sampler import WindowSampler
+from model.attention import prepare_backend
+from model.gpt import GPT
+from training.checkpoint import (
+    LATEST,
+    capture_rng_state,
+    checkpoint_dir,
+    load_checkpoint,
+    resolve_resume,
+    restore_rng_state,
+    save_checkpoint,
+)
+from training.config import Config, grad_accum_steps, typed_config, validate
+from training.distributed import (
+    DistContext,
+    all_gather_objects,
+    all_reduce_sum,
+    broadcast_object,
+    init_distributed,
+)
+from training.distributed import shutdown as shutdown_distributed
+from training.evaluation import Evaluator
+from training.failures import NonFiniteLossError, oom_request_gib
+from training.metrics import MetricsLogger
+from training.mfu import device_name, mfu, peak_flops_per_sec
+from training.precision import autocast
+from training.schedule import build_scheduler
+
+log = logging.getLogger(__name__)
+
+STEADY_STATE_SKIP = 3  # first steps of a process, slowed by compilation and kernel autotuning
+
+
+def run(cfg: DictConfig, run_dir: Path) -> str:
+    """Train as `cfg` says, in `run_dir`; returns the status written to result.json: "ok", "oom" or "nan"."""
+    config = typed_config(cfg)
+    validate(config)
+    ctx = init_distributed(config.device.value)
+    try:
+        # Under torchrun every rank composes its own run dir (${now:...} may differ by a second): use rank 0's.
+        run_dir = Path(broadcast_object(str(run_dir), ctx))
+        resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        return Trainer(config, resolved, run_dir, ctx).train()
+    finally:
+        shutdown_distributed(ctx)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, resolved_cfg: dict[str, Any], run_dir: Path, ctx: DistContext):
+        self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
+        device = ctx.device
+        if prepare_backend(cfg.attention.name, device):
+            log.warning("attention=flash without CUDA runs through the Triton interpreter: slow but exact")
+        _seed_everything(cfg.seed + ctx.rank)  # distinct dropout per rank; DDP broadcasts rank 0's initial weights
+
+        splits = load_splits(cfg.data, prepare_if_missing=True)
+        self.train_tokens = splits.train
+        self.grad_accum = grad_accum_steps(cfg.train, cfg.seq_len, ctx.world_size)
+        self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * ctx.world_size
+        self.sampler = WindowSampler(
+            len(splits.train),
+            cfg.seq_len,
+            cfg.train.batch_size,
+            cfg.seed,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+        )
+        self.evaluator = Evaluator(splits.val, splits.val_docs, cfg.seq_len, cfg.eval, ctx)
+
+        self.raw_model = GPT(cfg.model, cfg.seq_len, cfg.attention.name).to(device)
+        self.optimizer = self.raw_model.configure_optimizer(
+            cfg.train.lr, cfg.train.weight_decay, (cfg.train.beta1, cfg.train.beta2), device.type
+        )
+        self.scheduler = build_scheduler(self.optimizer, cfg.train)
+        self.flops_per_token = self.raw_model.flops_per_token(cfg.seq_len)
+        self.peak_flops = peak_flops_per_sec(device_name(device))
+        if self.peak_flops is None:
+            log.info(f"MFU: unknown peak FLOP/s for {device_name(device)}; perf/mfu is reported as null")
+
+        self.step = 0
+        self.last_checkpoint: Path | None = None
+        wandb_id = self._resume(resolve_resume(cfg.resume, run_dir))
+
+        model = torch.compile(self.raw_model) if cfg.compile else self.raw_model
+        if ctx.is_distributed:
+            model = DistributedDataParallel(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
+        self.model = model
+        self.resolved_cfg = resolved_cfg
+        self.metrics = (
+            MetricsLogger(run_dir, cfg.wandb, resolved_cfg, resume_step=self.step, wandb_id=wandb_id)
+            if ctx.is_main
+            else None
+        )
+        self.step_times: list[float] = []
+        self.last_val: dict[str, Any] = {}
+        log.info(
+            f"model {cfg.model.name}: {self.raw_model.num_params() / 1e6:.2f}M parameters, attention="
+            f"{cfg.attention.name}, seq_len={cfg.seq_len}, {self.tokens_per_step} tokens/step "
+            f"(batch {cfg.train.batch_size} x grad_accum {self.grad_accum} x {ctx.world_size} ranks), "
+            f"device {device_name(device)}"
+        )
+
+    def _resume(self, path: Path | None) -> str | None:
+        """Restore the full training state from `path`; returns the wandb run id to continue."""
+        if path is None:
+            if self.cfg.resume == "auto":
+                log.info(f"resume=auto: no checkpoint in {checkpoint_dir(self.run_dir)}, starting fresh")
+            return None
+        state = load_checkpoint(path)
+        rank_states = state["rank_states"]
+        if len(rank_states) != self.ctx.world_size:
+            raise ValueError(
+                f"{path} was written by {len(rank_states)} processes; resume it with the same number (now "
+                f"{self.ctx.world_size}) so every data shard and RNG stream continues where it stopped"
+            )
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(rank_states[self.ctx.rank]["sampler"])
+        restore_rng_state(rank_states[self.ctx.rank]["rng"])
+        self.step = state["step"]
+        self.last_checkpoint = path
+        log.info(f"resumed from {path} at step {self.step}")
+        return state["wandb_run_id"]
+
+    def train(self) -> str:
+        cfg = self.cfg
+        last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
+        progress = tqdm(
+            total=last_step, initial=self.step, disable=not self.ctx.is_main, desc="train", dynamic_ncols=True
+        )
+        try:
+            with logging_redirect_tqdm():
+                while self.step < last_step:
+                    self.step += 1
+                    record = self._train_step()
+                    if _due(self.step, cfg.eval.every, last_step):
+                        self.last_val = self.evaluator.evaluate(self.raw_model)
+                        record.update(self.last_val)
+                    if _due(self.step, cfg.log.every, last_step) or "val/loss" in record:
+                        self._log(record)
+                    progress.set_postfix(_postfix(record), refresh=False)
+                    progress.update()
+                    if cfg.checkpoint.every and _due(self.step, cfg.checkpoint.every, last_step):
+                        self._save_checkpoint()
+            if not self.last_val:  # resumed a run that had already reached its last step
+                self.last_val = self.evaluator.evaluate(self.raw_model)
+            return self._finish("ok")
+        except NonFiniteLossError as error:
+            last_good = str(self.last_checkpoint) if self.last_checkpoint else None
+            log.error(f"{error}; stopping. Last good checkpoint: {last_good or 'none (none was written)'}")
+            return self._finish("nan", message=str(error), last_checkpoint=last_good)
+        except torch.cuda.OutOfMemoryError as error:
+            requested = oom_request_gib(str(error))
+            asked = "an unknown amount" if requested is None else f"{requested:.2f} GiB"
+            log.error(
+                f"out of memory at step {self.step} (result, not crash): tried to allocate {asked} with "
+                f"{_peak_memory_gib(self.ctx.device):.2f} GiB already allocated at peak; see result.json"
+            )
+            return self._finish("oom", message=str(error).splitlines()[0], **{"oom/requested_gib": requested})
+        finally:
+            progress.close()
+
+    def _train_step(self) -> dict[str, Any]:
+        """One optimizer step of grad_accum micro-batches; returns its train/, perf/ and mem/ metrics."""
+        cfg, device = self.cfg, self.ctx.device
+        started = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for micro_step in range(self.grad_accum):
+            x, y = get_batch(self.train_tokens, self.sampler.next_starts(), cfg.seq_len, device)  # (B, T) each
+            # DDP all-reduces gradients in backward; only the last micro-step's reduction is needed.
+            last_micro_step = micro_step == self.grad_accum - 1
+            no_sync = self.model.no_sync() if self.ctx.is_distributed and not last_micro_step else nullcontext()
+            with no_sync:
+                with autocast(device):
+                    logits = self.model(x)  # (B, T, V)
+                    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+                (loss / self.grad_accum).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.train.grad_clip or float("inf"))
+        # One host sync per step: the loss and norm are checked before the update can spread a NaN into weights.
+        loss_and_norm = all_reduce_sum(torch.stack([loss_sum / self.grad_accum, grad_norm]), self.ctx)
+        loss, norm = (loss_and_norm / self.ctx.world_size).tolist()
+        for what, value in (("loss", loss), ("gradient norm", norm)):
+            if not np.isfinite(value):
+                raise NonFiniteLossError(what, value, self.step)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        step_time = time.perf_counter() - started
+        self.step_times.append(step_time)
+        tokens_per_sec = self.tokens_per_step / step_time
+        return {
+            "train/loss": loss,
+            "train/lr": lr,
+            "train/grad_norm": norm,
+            "train/tokens": self.step * self.tokens_per_step,
+            "perf/step_time_s": step_time,
+            "perf/tokens_per_sec": tokens_per_sec,
+            "perf/mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak_flops, self.ctx.world_size),
+            "mem/peak_gib": _peak_memory_gib(device),
+        }
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.metrics:
+            self.metrics.log(self.step, record)
+
+    def _save_checkpoint(self) -> None:
+        # Every rank has its own data shard position and RNG streams: gather them so rank 0 saves them all.
+        rank_states = all_gather_objects({"sampler": self.sampler.state_dict(), "rng": capture_rng_state()}, self.ctx)
+        path = checkpoint_dir(self.run_dir) / LATEST
+        if self.ctx.is_main:
+            state = {
+                "model": self.raw_model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+                "rank_states": rank_states,
+                "config": self.resolved_cfg,
+                "wandb_run_id": self.metrics.wandb_id,
+            }
+            save_checkpoint(state, path)
+        self.last_checkpoint = path
+
+    def _finish(self, status: str, **details: Any) -> str:
+        """Write result.json (rank 0) and close the metrics; returns `status`."""
+        steady = self.step_times[STEADY_STATE_SKIP:] or self.step_times
+        tokens_per_sec = self.tokens_per_step / statistics.median(steady) if steady else None
+        result = {
+            "status": status,
+            "backend": self.cfg.attention.name,
+            "seq_len": self.cfg.seq_len,
+            "model": self.cfg.model.name,
+            "step": self.step,
+            "max_steps": self.cfg.train.max_steps,
+            "tokens_per_step": self.tokens_per_step,
+            "device": device_name(self.ctx.device),
+            "world_size": self.ctx.world_size,
+            "compile": self.cfg.compile,
+            "val/loss": self.last_val.get("val/loss"),
+            "val/ppl": self.last_val.get("val/ppl"),
+            "perf/tokens_per_sec": tokens_per_sec,
+            "perf/mfu": None
+            if tokens_per_sec is None
+            else mfu(self.flops_per_token, tokens_per_sec, self.peak_flops, self.ctx.world_size),
+            "mem/peak_gib": _peak_memory_gib(self.ctx.device),
+            **details,
+        }
+        if self.metrics:
+            if status != "ok":
+                self._log({"status": status, **details})
+            self.metrics.finish(result, self.run_dir)
+        return status
+
+
+def _due(step: int, every: int, last_step: int) -> bool:
+    """Periodic events fire every `every` steps (never when 0) and always at the last step."""
+    return step == last_step or (every > 0 and step % every == 0)
+
+
+def _postfix(record: dict[str, Any]) -> dict[str, str]:
+    mfu_value = record["perf/mfu"]
+    return {
+        "loss": f"{record['train/loss']:.3f}",
+        "tok/s": f"{record['perf/tokens_per_sec']:,.0f}",
+        "mfu": "n/a" if mfu_value is None else f"{mfu_value:.1%}",
+    }
+
+
+def _peak_memory_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,68 @@
+"""Where numbers go: metrics.jsonl (always) and Weights & Biases (offline unless asked otherwise), from rank 0.
+
+Keys are namespaced: train/*, val/*, perf/*, mem/*. `val/loss_by_position` is a dict of position buckets in the
+jsonl and is flattened to `val/loss_by_position/<bucket>` for wandb, whose charts want scalars.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import wandb
+
+from training.config import WandbConfig
+
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+
+
+class MetricsLogger:
+    def __init__(
+        self,
+        run_dir: Path,
+        wandb_cfg: WandbConfig,
+        config: dict[str, Any],
+        resume_step: int,
+        wandb_id: str | None,
+    ):
+        """resume_step > 0: continuing a run; metrics.jsonl keeps its lines up to that step (later ones were
+        written after the checkpoint and are about to be recomputed) and wandb continues run `wandb_id`."""
+        self.path = run_dir / METRICS_FILE
+        if resume_step and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(f"{line}\n" for line in kept))
+        self.run = wandb.init(
+            project=wandb_cfg.project,
+            entity=wandb_cfg.entity,
+            name=wandb_cfg.name,
+            dir=wandb_cfg.dir or run_dir,
+            mode=wandb_cfg.mode.value,
+            config=config,
+            id=wandb_id,
+            resume="allow" if wandb_id else None,
+        )
+
+    @property
+    def wandb_id(self) -> str:
+        return self.run.id
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.run.log(_flatten(metrics), step=step)
+
+    def finish(self, result: dict[str, Any], run_dir: Path) -> None:
+        """Write result.json, copy it into the wandb run summary, close the wandb run."""
+        (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+        self.run.summary.update(_flatten(result))
+        self.run.finish(exit_code=1 if result["status"] == "nan" else 0)  # an OOM is a result, not a crash
+
+
+def _flatten(metrics: dict[str, Any]) -> dict[str, Any]:
+    flat = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}/{name}": inner for name, inner in value.items()})
+        else:
+            flat[key] = value
+    return flat
