@@ -244,9 +244,17 @@ def _text_files(cfg: DataConfig) -> Corpus:
     dataset = load_dataset("text", data_files=[str(f) for f in files], sample_by="document", streaming=True)["train"]
 
     def documents() -> Iterator[Document]:
-        for file, row in zip(files, dataset, strict=True):
+        rows = iter(dataset)  # one row a file, in the order of `files`
+        for file in files:
+            try:
+                text = next(rows)["text"]
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{file} is not UTF-8 text ({err}); choose the text files with a glob, "
+                    "e.g. 'data.path=corpus/**/*.txt'"
+                ) from err
             doc_id = str(file.relative_to(root)) if root else str(file)
-            yield Document(doc_id, row["text"], doc_id)
+            yield Document(doc_id, text, doc_id)
 
     return Corpus(documents(), {"text_files": f"{len(files)} files from {cfg.path}"})
 
