@@ -481,9 +481,9 @@ def markdown_tables(rows: Sequence[Row | dict], anchors: dict | None = None) -> 
     return "\n".join(out)
 
 
-def anchors_for(device_name: str, dtype: torch.dtype, tokens_per_call: int) -> dict | None:
+def anchors_for(device: str, dtype: str, tokens_per_call: int) -> dict | None:
     """The anchors apply only to the same GPU model, dtype and shapes."""
-    if "H100" not in device_name or dtype != torch.bfloat16 or tokens_per_call != 16384:
+    if "H100" not in device or dtype != str(torch.bfloat16) or tokens_per_call != 16384:
         return None
     return json.loads(ANCHORS.read_text())["kernels"]
 
@@ -595,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.check_only:
         rows = run_benchmark(args, profile, cuda_timer if cuda else cpu_timer)
         report["rows"] = [asdict(r) for r in rows]
-        print("\n" + markdown_tables(rows, anchors_for(name, profile.dtype, profile.tokens_per_call)))
+        print("\n" + markdown_tables(rows, anchors_for(name, str(profile.dtype), profile.tokens_per_call)))
     out = args.out or default_out(name, date)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")

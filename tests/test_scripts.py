@@ -1,0 +1,261 @@
+"""scripts/report.py on run dirs written in the trainer's real formats, and scripts/bench_attention.py on the CPU."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_attention  # noqa: E402
+import report  # noqa: E402
+
+TOKENS_PER_STEP = 32768
+STEPS = 10
+# (backend, seq_len) -> tokens/s of every step after the warm-up; a step-1 outlier tests that warm-up is skipped.
+SPEED = {("flash", 1024): 300_000.0, ("flash", 2048): 280_000.0, ("sdpa", 1024): 330_000.0, ("sdpa", 2048): 290_000.0}
+
+
+def _write_run(run_dir: Path, backend: str, seq_len: int, records: list[dict], result: dict | None) -> None:
+    """A Hydra run dir as train.py leaves it, plus the heavy things report.py must not copy."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    config = {
+        "model": {"name": "gpt2", "n_layer": 12, "n_head": 12, "d_model": 768},
+        "attention": {"name": backend},
+        "data": {"name": "long_prose"},
+        "train": {"batch_size": TOKENS_PER_STEP // seq_len, "tokens_per_step": TOKENS_PER_STEP, "max_steps": STEPS},
+        "seq_len": seq_len,
+        "seed": 0,
+    }
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    overrides = ["experiment=long_context_speed", f"attention={backend}", f"seq_len={seq_len}"]
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if result is not None:
+        (run_dir / "result.json").write_text(json.dumps({"backend": backend, "seq_len": seq_len, **result}))
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "latest.pt").write_bytes(b"weights")
+    (run_dir / "wandb").mkdir()
+
+
+def _train_records(tokens_per_sec: float, seq_len: int) -> list[dict]:
+    records = []
+    for step in range(1, STEPS + 1):
+        speed = tokens_per_sec / 10 if step == 1 else tokens_per_sec + (step % 3 - 1) * 1000  # median = speed
+        records.append(
+            {
+                "step": step,
+                "train/loss": 10.0 - step * 0.3,
+                "train/lr": 6e-4,
+                "train/grad_norm": 1.0,
+                "train/tokens": step * TOKENS_PER_STEP,
+                "perf/step_time_s": TOKENS_PER_STEP / speed,
+                "perf/tokens_per_sec": speed,
+                "perf/mfu": speed / 1e6,
+                "mem/peak_gib": 10.0 + seq_len / 1024,
+            }
+        )
+    buckets = {f"{lo}-{2 * lo - 1}" if lo else "0-127": 6.0 - i * 0.1 for i, lo in enumerate([0, 128, 256, 512])}
+    buckets |= {"1024-2047": 5.5} if seq_len == 2048 else {}
+    loss = 5.0 if seq_len == 1024 else 4.8
+    records[-1] |= {"val/loss": loss, "val/ppl": math.exp(loss), "val/loss_by_position": buckets}
+    return records
+
+
+def _ok_result(tokens_per_sec: float, seq_len: int) -> dict:
+    """As the trainer writes it; the peak includes the final evaluation, above every step's."""
+    return {"status": "ok", "device": "NVIDIA H100 80GB HBM3", "step": STEPS, "tokens_per_step": TOKENS_PER_STEP,
+            "perf/tokens_per_sec": tokens_per_sec, "mem/peak_gib": 10.5 + seq_len / 1024}  # fmt: skip
+
+
+@pytest.fixture
+def sweeps(tmp_path: Path) -> dict[str, Path]:
+    """runs/speed: flash and sdpa at 1K and 2K, naive OK at 1K, out of memory at 2K, killed before a result at 4K.
+    runs/ppl: flash at 1K and 2K. And a kernel benchmark JSON."""
+    speed, ppl = tmp_path / "runs" / "speed", tmp_path / "runs" / "ppl"
+    for (backend, seq_len), tps in SPEED.items():
+        _write_run(
+            speed / f"{backend}-{seq_len}", backend, seq_len, _train_records(tps, seq_len), _ok_result(tps, seq_len)
+        )
+        if backend == "flash":
+            _write_run(
+                ppl / f"{backend}-{seq_len}", backend, seq_len, _train_records(tps, seq_len), _ok_result(tps, seq_len)
+            )
+    _write_run(speed / "naive-1024", "naive", 1024, _train_records(119_000.0, 1024), _ok_result(119_000.0, 1024))
+    oom = {"status": "oom", "device": "NVIDIA H100 80GB HBM3", "mem/peak_gib": 70.5, "oom/requested_gib": 6.0}
+    _write_run(speed / "naive-2048", "naive", 2048, [{"step": 1, **oom}], oom)
+    _write_run(speed / "naive-4096", "naive", 4096, [], None)
+    sweep = {"command": ["python", "train.py", "attention=flash", "seq_len=1024"], "started": "2026-11-22T10:00:00"}
+    (speed / "flash-1024" / "sweep.json").write_text(json.dumps(sweep))
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(_bench_json()))
+    return {"speed": speed, "ppl": ppl, "bench": bench, "out": tmp_path / "results" / "long_context"}
+
+
+def _bench_row(provider: str, seq_len: int, dropout: float, fwd_bwd: float | None) -> dict:
+    row = bench_attention.Row(provider, seq_len, 64, 12, 16384 // seq_len, dropout)
+    if fwd_bwd is None:
+        row.status, row.reason = "oom", "CUDA out of memory. Tried to allocate 48.00 GiB"
+    else:
+        row.tflops, row.peak_extra_gib = {"fwd": fwd_bwd, "bwd": fwd_bwd, "fwd_bwd": fwd_bwd}, 0.2
+    return vars(row)
+
+
+def _bench_json() -> dict:
+    rows = [
+        _bench_row(provider, t, p, value * t / 1024 if value else None)
+        for p in (0.0, 0.1)
+        for t in (1024, 2048)
+        for provider, value in (("flash", 200.0), ("sdpa_flash", 100.0), ("sdpa_cudnn", 400.0), ("naive", None))
+    ]
+    check = {
+        "passed": True,
+        "dtype": "torch.bfloat16",
+        "results": [{"name": "c", "passed": True, "rel_err": {"o": 3e-3}}],
+    }
+    return {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0", "date": "2026-11-22",
+            "command": "python scripts/bench_attention.py", "dtype": "torch.bfloat16", "tokens_per_call": 16384,
+            "check": check, "rows": rows}  # fmt: skip
+
+
+def _build(sweeps: dict[str, Path]) -> str:
+    argv = ["--out", str(sweeps["out"]), "--speed", str(sweeps["speed"]), "--ppl", str(sweeps["ppl"])]
+    assert report.main([*argv, "--bench", str(sweeps["bench"])]) == 0
+    return (sweeps["out"] / "report.md").read_text()
+
+
+def _table_row(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def test_report_tables_hold_the_runs_numbers(sweeps: dict[str, Path]) -> None:
+    text = _build(sweeps)
+    # warm-up step 1 (a tenth of the speed) is skipped: the median is the steady-state speed
+    assert _table_row(text, "| flash | 1024 | ok |") == (
+        "| flash | 1024 | ok | 300,000 | 30.0% | 11.50 | 327,680 | 5.000 | 148.41 |"
+    )
+    assert "| flash | 300K tok/s, MFU 30.0%, 11.5 GiB | 280K tok/s, MFU 28.0%, 12.5 GiB |" in text
+    assert _table_row(text, "| naive | 2048 |").startswith("| naive | 2048 | OOM, asked +6.00 GiB | – | – | 70.50 |")
+    assert _table_row(text, "| naive | 4096 |").startswith("| naive | 4096 | incomplete |")
+    assert "- flash vs sdpa, training tokens/s: 0.91× at T=1024, 0.97× at T=2048." in text
+    assert "- naive: out of memory at T=2048." in text
+    assert "- naive: no result at T=4096 (incomplete)." in text
+    assert "| flash | 2048 | 6.000 | 5.900 | 5.800 | 5.700 | 5.500 |" in text  # loss by position
+    assert "- flash vs sdpa_flash fwd+bwd TFLOP/s, D=64, dropout 0.0: 2.00× at T=1024, 2.00× at T=2048." in text
+    assert "- flash vs sdpa_cudnn fwd+bwd TFLOP/s, D=64, dropout 0.1: 0.50× at T=1024, 0.50× at T=2048." in text
+    # the benchmark ran on an H100: a column vs the anchors (geometric mean over T of fwd+bwd ratios)
+    fa2, cudnn = math.sqrt(200 / 151 * 400 / 194), math.sqrt(200 / 181 * 400 / 311)
+    assert (
+        f"| 200 / 200 / 200 (0.20 GiB) | 400 / 400 / 400 (0.20 GiB) | {fa2:.2f}× sdpa_flash, {cudnn:.2f}× sdpa_cudnn |"
+        in text
+    )
+    assert "| naive | OOM | OOM |  |" in text
+    assert "- training runs: NVIDIA H100 80GB HBM3, 2026-11-22" in text
+    assert "python train.py attention=flash seq_len=1024" in text  # from sweep.json
+    assert "python train.py experiment=long_context_speed attention=sdpa seq_len=2048" in text  # from overrides
+
+
+def test_report_writes_valid_pngs(sweeps: dict[str, Path]) -> None:
+    _build(sweeps)
+    names = ["throughput", "memory", "perplexity", "loss_by_position", "kernels_d64"]
+    for name in names:
+        png = sweeps["out"] / f"{name}.png"
+        assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
+        assert matplotlib.image.imread(png).shape[0] > 100, name
+
+
+def test_raw_copy_is_small_and_rebuilds_the_same_report(sweeps: dict[str, Path]) -> None:
+    first = _build(sweeps)
+    raw = sweeps["out"] / "raw"
+    copied = {p.relative_to(raw).as_posix() for p in raw.rglob("*") if p.is_file()}
+    assert "speed/flash-1024/sweep.json" in copied and "speed/naive-2048/result.json" in copied
+    assert "ppl/flash-2048/metrics.jsonl" in copied and "bench/bench.json" in copied
+    assert not any("checkpoints" in p or "wandb" in p for p in copied)
+    shutil.rmtree(sweeps["speed"].parent)  # the run dirs are gone: only raw/ is left
+    for png in sweeps["out"].glob("*.png"):
+        png.unlink()
+    (sweeps["out"] / "report.md").unlink()
+    assert report.main(["--from-raw", str(sweeps["out"])]) == 0
+    assert (sweeps["out"] / "report.md").read_text() == first
+    assert (sweeps["out"] / "memory.png").exists()
+
+
+def test_readme_table(sweeps: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    _build(sweeps)
+    capsys.readouterr()
+    assert report.main(["--from-raw", str(sweeps["out"]), "--readme-table"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("| attention | T=1024 | T=2048 | T=4096 |")
+    assert "| naive | 119K tok/s, MFU 11.9%, 11.5 GiB | OOM, asked +6.00 GiB | incomplete |" in printed
+    assert "**head dim 64, causal, dropout 0.0**" in printed
+
+
+def test_anchor_column_is_the_geometric_mean_ratio() -> None:
+    anchors = json.loads(bench_attention.ANCHORS.read_text())["kernels"]
+    rows = [_bench_row("sdpa_flash", t, 0.0, 2 * anchors["d64_p0.0"]["sdpa_flash"][str(t)][2]) for t in (1024, 4096)]
+    rows.append(_bench_row("flash", 1024, 0.0, anchors["d64_p0.0"]["sdpa_cudnn"]["1024"][2]))
+    table = bench_attention.markdown_tables(rows, anchors)
+    assert table.splitlines()[2].endswith("| fwd+bwd vs H100 anchors |")
+    assert _table_row(table, "| sdpa_flash |").endswith("| 2.00× sdpa_flash |")
+    assert _table_row(table, "| flash |").endswith(f"| {181 / 151:.2f}× sdpa_flash, 1.00× sdpa_cudnn |")
+
+
+def _fake_kernel(scale_dropout: bool):
+    """An exact attention with torch's dropout; `scale_dropout=False` forgets the 1/(1-p) rescaling."""
+
+    def kernel(q, k, v, *, causal=True, dropout_p=0.0, return_lse=False):
+        o, lse = bench_attention.reference(q, k, v, causal)
+        if dropout_p > 0:
+            keep = torch.rand(*q.shape[:-1], q.shape[-2]) >= dropout_p
+            o, _ = bench_attention.reference(q, k, v, causal, keep, dropout_p if scale_dropout else 0.0)
+        return (o, lse) if return_lse else o
+
+    return kernel
+
+
+@pytest.mark.parametrize("scale_dropout", [True, False])
+def test_check_catches_a_wrong_dropout(monkeypatch: pytest.MonkeyPatch, scale_dropout: bool) -> None:
+    monkeypatch.setattr(bench_attention, "_flash_kernel", lambda: _fake_kernel(scale_dropout))
+    profile = bench_attention.cpu_profile()
+    result = bench_attention.run_checks(profile)
+    assert result["passed"] is scale_dropout
+    assert all(r["passed"] for r in result["results"] if not r["name"].startswith("dropout"))
+
+
+def _run_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "scripts/bench_attention.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_bench_records_unsupported_providers_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = _run_bench("--no-check", "--provider", "naive,sdpa_cudnn", "--seq-lens", "64", "--head-dims", "64",
+                      "--dropout", "0.1", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert data["command"].startswith("python scripts/bench_attention.py --no-check")
+    naive, cudnn = data["rows"]
+    assert naive["status"] == "ok" and naive["tflops"]["fwd_bwd"] > 0 and naive["batch"] == 4
+    assert cudnn["status"] == "skipped" and cudnn["reason"]
+    assert "| naive |" in done.stdout and "| sdpa_cudnn | unsupported |" in done.stdout
+
+
+def test_bench_check_only_cpu_smoke(tmp_path: Path) -> None:
+    """The real kernel through Triton's interpreter at tiny fp32 shapes: accuracy and dropout checks pass."""
+    out = tmp_path / "check.json"
+    done = _run_bench("--check-only", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    check = json.loads(out.read_text())["check"]
+    assert check["passed"] and check["dtype"] == "torch.float32"
+    assert len(check["results"]) == 5
+    for result in check["results"]:
+        assert all(err < 1e-5 for err in result.get("rel_err", {}).values()), result
