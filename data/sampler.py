@@ -1,9 +1,10 @@
 """Deterministic, resumable sampling of training windows.
 
 A window is seq_len + 1 tokens (inputs and the targets shifted by one). An epoch is a seeded permutation of
-windows laid end to end at stride seq_len from a per-epoch random shift: within an epoch every token is a target
-exactly once, and windows do not always start at the same offsets. Consecutive global batches of
-batch_size * world_size windows walk through the epochs; rank r takes the r-th slice of batch_size of each.
+windows laid end to end at stride seq_len from a per-epoch random shift: within an epoch no token is a target
+twice and all but fewer than 2 * seq_len of them are targets once, and windows do not always start at the same
+offsets. Consecutive global batches of batch_size * world_size windows walk through the epochs; rank r takes the
+r-th slice of batch_size of each.
 The state is one number (windows consumed), so a resumed run continues with exactly the windows it would have
 drawn, even under another batch size or world size.
 """
@@ -14,13 +15,15 @@ import numpy as np
 
 
 class WindowSampler:
+    """Start offsets of training windows in a split of n_tokens tokens, for one rank of world_size."""
+
     def __init__(
         self, n_tokens: int, seq_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
     ) -> None:
-        if seq_len < 1 or batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+        if seq_len < 1 or batch_size < 1 or world_size < 1 or not 0 <= rank < world_size or seed < 0:
             raise ValueError(
-                f"need seq_len, batch_size, world_size >= 1 and 0 <= rank < world_size; got seq_len={seq_len}, "
-                f"batch_size={batch_size}, rank={rank}, world_size={world_size}"
+                "need seq_len, batch_size, world_size >= 1, 0 <= rank < world_size and seed >= 0; got "
+                f"seq_len={seq_len}, batch_size={batch_size}, rank={rank}, world_size={world_size}, seed={seed}"
             )
         if n_tokens < seq_len + 1:
             raise ValueError(
@@ -34,10 +37,6 @@ class WindowSampler:
         self.windows_per_epoch = (n_tokens - 1 - self.max_shift) // seq_len
         self.consumed = 0  # windows taken by all ranks together
         self._epoch_cache: tuple[int, np.ndarray] | None = None
-
-    @property
-    def epoch(self) -> int:
-        return self.consumed // self.windows_per_epoch
 
     def epoch_starts(self, epoch: int) -> np.ndarray:
         """The window starts of an epoch, in the order they are drawn."""

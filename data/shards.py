@@ -5,7 +5,8 @@ A shard folder `<cache_dir>/<name>-<key>/` (key: a hash of everything that decid
   train_docs.npy, val_docs.npy   int64 offset of each document's leading `<|endoftext|>`
   doc_ids.json                   {"train": [...], "val": [...]}, in shard order
   meta.json                      source, provenance, checksum, tokenizer, counts per split, format version
-It is written under a temporary name and renamed into place, so it is either complete or absent.
+It is written under a temporary name and renamed into place, so it is either complete or absent (a killed run
+leaves at most a hidden staging folder beside it, which nothing reads).
 """
 
 import hashlib
@@ -38,7 +39,7 @@ class TokenSplits:
     val: np.memmap
     train_docs: np.ndarray
     val_docs: np.ndarray
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # meta.json, plus "shard_dir": the folder it was read from
 
 
 def load_splits(cfg: DataConfig, *, prepare_if_missing: bool = True) -> TokenSplits:
