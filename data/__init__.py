@@ -1,4 +1,4 @@
-"""Data pipeline: offline GPT-2 tokenizer, corpora, memory-mapped shards split by document, window sampling."""
+"""Data pipeline: offline GPT-2 BPE, corpora, memory-mapped shards split by document, window sampling."""
 
 from data.config import DataConfig
 from data.shards import TokenSplits, load_splits

@@ -36,11 +36,11 @@ def prepare_command(cfg: DataConfig) -> str:
 def check_data_config(cfg: DataConfig) -> None:
     """Reject a config that cannot name a corpus, with the fix in the message."""
     if cfg.name not in SOURCE_NAMES:
-        raise ValueError(f"unknown data source {cfg.name!r}; choose one of {', '.join(SOURCE_NAMES)} (data=...)")
+        raise ValueError(f"unknown data source {cfg.name!r}; choose one of {', '.join(SOURCE_NAMES)}")
     if not 0.0 < cfg.val_fraction < 1.0:
         raise ValueError(f"data.val_fraction={cfg.val_fraction} must lie strictly between 0 and 1")
     if cfg.max_documents is not None and cfg.max_documents < 2:
-        raise ValueError(f"data.max_documents={cfg.max_documents}: a train/val split needs at least 2 documents")
+        raise ValueError(f"data.max_documents={cfg.max_documents}: a split by document needs 2 or more")
     if cfg.name == "hf" and not cfg.hf_path:
         raise ValueError(
             "data=hf needs data.hf_path: a Hugging Face dataset id (e.g. data.hf_path=wikitext "

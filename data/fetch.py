@@ -68,12 +68,13 @@ def kjv_debs(download_dir: Path) -> dict[str, Path]:
             f"and copy the .deb files to {download_dir}."
         )
         if shutil.which("apt-get") is None:
-            raise FileNotFoundError(f"the KJV Bible comes from Debian packages and apt-get is missing. {how_to}")
+            raise FileNotFoundError(f"the KJV Bible comes from Debian packages; apt-get is missing. {how_to}")
         download_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=download_dir) as tmp:
-            result = subprocess.run(["apt-get", "download", *missing], cwd=tmp, capture_output=True, text=True)
+            command = ["apt-get", "download", *missing]
+            result = subprocess.run(command, cwd=tmp, capture_output=True, text=True)
             if result.returncode != 0:
-                raise FileNotFoundError(f"`apt-get download {' '.join(missing)}` failed:\n{result.stderr}\n{how_to}")
+                raise FileNotFoundError(f"`{' '.join(command)}` failed:\n{result.stderr}\n{how_to}")
             for deb in Path(tmp).glob("*.deb"):
                 os.replace(deb, download_dir / deb.name)
     return {package: _find_deb(download_dir, package) for package in KJV_PACKAGES}
@@ -89,7 +90,7 @@ def _find_deb(download_dir: Path, package: str) -> Path | None:
 def kjv_dump(debs: dict[str, Path]) -> str:
     """The whole KJV as the Debian reader prints it: `Book chapter` headings, then one line a verse."""
     if shutil.which("dpkg-deb") is None:
-        raise FileNotFoundError("extracting the KJV .deb files needs dpkg-deb (Debian/Ubuntu: apt-get install dpkg).")
+        raise FileNotFoundError("extracting the KJV .deb files needs dpkg-deb (apt-get install dpkg).")
     with tempfile.TemporaryDirectory() as root:
         for deb in debs.values():
             subprocess.run(["dpkg-deb", "-x", str(deb), root], check=True)

@@ -2,11 +2,10 @@
 
 A window is seq_len + 1 tokens (inputs and the targets shifted by one). An epoch is a seeded permutation of
 windows laid end to end at stride seq_len from a per-epoch random shift: within an epoch no token is a target
-twice and all but fewer than 2 * seq_len of them are targets once, and windows do not always start at the same
-offsets. Consecutive global batches of batch_size * world_size windows walk through the epochs; rank r takes the
-r-th slice of batch_size of each.
-The state is one number (windows consumed), so a resumed run continues with exactly the windows it would have
-drawn, even under another batch size or world size.
+twice, all but fewer than 2 * seq_len of them are targets once, and the windows do not start at the same
+offsets every epoch. Consecutive global batches of batch_size * world_size windows walk through the epochs;
+rank r takes the r-th slice of batch_size of each. The state is one number (windows consumed), so a resumed
+run continues with exactly the windows it would have drawn, even under another batch size or world size.
 """
 
 from typing import Any
@@ -20,11 +19,11 @@ class WindowSampler:
     def __init__(
         self, n_tokens: int, seq_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
     ) -> None:
-        if seq_len < 1 or batch_size < 1 or world_size < 1 or not 0 <= rank < world_size or seed < 0:
-            raise ValueError(
-                "need seq_len, batch_size, world_size >= 1, 0 <= rank < world_size and seed >= 0; got "
-                f"seq_len={seq_len}, batch_size={batch_size}, rank={rank}, world_size={world_size}, seed={seed}"
-            )
+        if seed < 0:
+            raise ValueError(f"seed={seed}: need seed >= 0")
+        if seq_len < 1 or batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            got = f"seq_len={seq_len} batch_size={batch_size} rank={rank} world_size={world_size}"
+            raise ValueError(f"need seq_len, batch_size, world_size >= 1, 0 <= rank < world_size; {got}")
         if n_tokens < seq_len + 1:
             raise ValueError(
                 f"the split has {n_tokens} tokens; seq_len={seq_len} needs at least {seq_len + 1}; "
@@ -59,14 +58,18 @@ class WindowSampler:
         return starts
 
     def state_dict(self) -> dict[str, Any]:
-        return {"consumed": self.consumed, "seed": self.seed, "seq_len": self.seq_len, "n_tokens": self.n_tokens}
+        return {
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "n_tokens": self.n_tokens,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = self.state_dict()
         changed = [key for key in ("seed", "seq_len", "n_tokens") if state[key] != mine[key]]
         if changed:
-            raise ValueError(
-                f"the sampler state was saved with {', '.join(f'{k}={state[k]}' for k in changed)}, "
-                f"this run has {', '.join(f'{k}={mine[k]}' for k in changed)}: it cannot resume the same windows"
-            )
+            saved = ", ".join(f"{key}={state[key]}" for key in changed)
+            now = ", ".join(f"{key}={mine[key]}" for key in changed)
+            raise ValueError(f"the sampler state has {saved}, this run {now}: it cannot resume")
         self.consumed = int(state["consumed"])

@@ -28,12 +28,13 @@ from data.tokenizer import EOT_ID, TOKENIZER_NAME, VOCAB_SIZE, get_tokenizer
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
-_BATCH_CHARS = 4_000_000  # characters tokenized per call: enough to keep tiktoken's threads busy, bounded memory
+# Characters tokenized per call: enough to keep tiktoken's threads busy, with bounded memory.
+_BATCH_CHARS = 4_000_000
 
 
 @dataclass
 class TokenSplits:
-    """Both splits of a corpus. Document i of a split is tokens[docs[i]:docs[i + 1]], `<|endoftext|>` first."""
+    """Both splits of a corpus. Document i of a split is tokens[docs[i]:docs[i + 1]], EOT first."""
 
     train: np.memmap
     val: np.memmap

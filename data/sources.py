@@ -230,7 +230,8 @@ def _hugging_face(cfg: DataConfig) -> Corpus:
     def documents() -> Iterator[Document]:
         for index, row in enumerate(dataset):
             if cfg.text_field not in row:
-                raise ValueError(f"data.text_field={cfg.text_field!r} is not a column of {where}; columns: {list(row)}")
+                columns = list(row)
+                raise ValueError(f"data.text_field={cfg.text_field!r} is not a column of {where}: {columns}")
             yield Document(str(index), row[cfg.text_field], str(index))
 
     return Corpus(documents(), {"hf": where})
@@ -241,7 +242,8 @@ def _text_files(cfg: DataConfig) -> Corpus:
 
     files, root = _matching_files(cfg.path)
     # Streaming reads the files in order without writing an Arrow copy of them to the datasets cache.
-    dataset = load_dataset("text", data_files=[str(f) for f in files], sample_by="document", streaming=True)["train"]
+    paths = [str(file) for file in files]
+    dataset = load_dataset("text", data_files=paths, sample_by="document", split="train", streaming=True)
 
     def documents() -> Iterator[Document]:
         rows = iter(dataset)  # one row a file, in the order of `files`

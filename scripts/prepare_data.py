@@ -37,7 +37,8 @@ def data_config(overrides: list[str]) -> DataConfig:
             fields[key.removeprefix("data.")] = _parse_value(raw)
     if name not in SOURCE_NAMES:
         raise ValueError(f"unknown data source {name!r}; choose one of {', '.join(SOURCE_NAMES)}")
-    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(CONFIG_DIR / f"{name}.yaml"), fields)
+    group_file = OmegaConf.load(CONFIG_DIR / f"{name}.yaml")
+    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), group_file, fields)
     cfg = OmegaConf.to_object(merged)
     check_data_config(cfg)
     return cfg
@@ -51,7 +52,8 @@ def _parse_value(raw: str) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("overrides", nargs="*", help="data=NAME and data.FIELD=VALUE (see data/config.py)")
     parser.add_argument("--force", action="store_true", help="tokenize again even if the shards exist")
     args = parser.parse_args()
@@ -62,7 +64,10 @@ def main() -> None:
     existed = (shard_dir(cfg) / "meta.json").is_file()
     try:
         directory = prepare_shards(cfg, force=args.force)
-    except (FileNotFoundError, ValueError) as err:  # missing data or a bad config: the message says what to do
+    except (
+        FileNotFoundError,
+        ValueError,
+    ) as err:  # missing data or a bad config: the message says what to do
         sys.exit(f"error: {err}")
     meta = open_shards(directory).meta
     size_mib = sum(f.stat().st_size for f in directory.iterdir()) / 2**20

