@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .dropout import dropout_keep_mask
 
-LOG2E: tl.constexpr = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -50,9 +50,7 @@ def flash_bwd_preprocess_kernel(
     o_ptrs = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     do_ptrs = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
     o = tl.load(o_ptrs + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
-    do = tl.load(
-        do_ptrs + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0
-    )
+    do = tl.load(do_ptrs + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(Delta + bh.to(tl.int64) * seq_len + offs_m, delta, mask=row_ok)
 
@@ -114,6 +112,12 @@ def _dkdv_tiles(
             qT = qT.to(tl.float32)
             do = do.to(tl.float32)
 
+        if DROPOUT:  # independent of the products below, so it can overlap with them
+            keepT = tl.trans(
+                dropout_keep_mask(
+                    seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
+                )
+            )
         sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)
         pT = tl.exp2(sT * qk_scale - lse2[None, :])
         if MASKED:
@@ -123,10 +127,6 @@ def _dkdv_tiles(
             pT = tl.where(visible, pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # (dO·Vᵀ)ᵀ, (BLOCK_N, BLOCK_M)
         if DROPOUT:
-            keep = dropout_keep_mask(
-                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
-            )
-            keepT = tl.trans(keep)
             pT_dropped = tl.where(keepT, pT * dropout_scale, 0.0)
             dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
         else:
@@ -306,6 +306,10 @@ def _dq_tiles(
             kT = kT.to(tl.float32)
             vT = vT.to(tl.float32)
 
+        if DROPOUT:  # independent of the products below, so it can overlap with them
+            keep = dropout_keep_mask(
+                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
+            )
         s = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
@@ -315,9 +319,6 @@ def _dq_tiles(
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
         if DROPOUT:
-            keep = dropout_keep_mask(
-                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
-            )
             dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=INPUT_PRECISION)
@@ -389,9 +390,7 @@ def flash_bwd_dq_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len
     q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-    do = tl.load(
-        do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0
-    )
+    do = tl.load(do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)

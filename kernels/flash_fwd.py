@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .dropout import dropout_keep_mask
 
-LN2: tl.constexpr = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -71,6 +71,10 @@ def _forward_tiles(
             kT = kT.to(tl.float32)
             v = v.to(tl.float32)
 
+        if DROPOUT:  # independent of the products below, so it can overlap with them
+            keep = dropout_keep_mask(
+                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
+            )
         s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         if MASKED:
             visible = in_bounds[None, :]
@@ -84,9 +88,6 @@ def _forward_tiles(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
-            keep = dropout_keep_mask(
-                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
-            )
             p = tl.where(keep, p, 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
         m_i = m_new

@@ -1,25 +1,23 @@
-"""`flash_attention`: argument checks, the autograd wiring and the kernel launches."""
+"""`flash_attention`: argument checks and the autograd wiring around the kernel launches."""
 
 import math
-import os
 
 import torch
-import triton
 
-from .flash_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess_kernel
-from .flash_fwd import flash_fwd_kernel
-from .tuning import LaunchConfig, launch_config
+from .launch import (
+    AttentionParams,
+    interpreting,
+    launch_dkdv,
+    launch_dq,
+    launch_forward,
+    launch_preprocess,
+    tuned_config,
+)
 
-LOG2E = math.log2(math.e)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Dropout counters are 32-bit: row · ⌈T/4⌉ + col/4 must stay below 2³².
+# Dropout counters are 32-bit: row · ⌈T/8⌉ + col/8 must stay below 2³².
 MAX_DROPOUT_SEQ_LEN = 131_072
-PREPROCESS_BLOCK_M = 128
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> None:
@@ -41,7 +39,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: 
         raise TypeError(f"flash_attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"flash_attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type == "cpu" and not _interpreting():
+    if q.device.type == "cpu" and not interpreting():
         raise ValueError(
             "flash_attention: q is a CPU tensor; the kernel needs CUDA tensors, or TRITON_INTERPRET=1 set before "
             "`kernels` is first imported to run through the Triton interpreter"
@@ -81,91 +79,29 @@ def _rng_seed_and_offset(device: torch.device) -> tuple[int, int]:
     return seed, offset
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _config(kernel_pass: str, q: torch.Tensor, causal: bool, dropout: bool) -> LaunchConfig:
-    cfg = launch_config(
-        kernel_pass, q.shape[-1], _dtype_name(q.dtype), causal, dropout, q.shape[2], _interpreting()
-    )
-    cfg.validate(kernel_pass)
-    return cfg
-
-
-def _kernel_flags(q: torch.Tensor) -> dict:
-    """Interpreter: its bf16 tl.dot is wrong (triton#11584), so bf16 tiles are upcast to fp32 there.
-    fp32 inputs get IEEE products (Triton's default for fp32 is TF32 on the GPU)."""
-    return {
-        "UPCAST": _interpreting() and q.dtype == torch.bfloat16,
-        "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
-    }
-
-
-def _dropout_args(dropout_p: float, seed: int, offset: int) -> tuple[int, int, int, int, float]:
-    threshold = int(dropout_p * 2**32)
-    keep_scale = 2**32 / (2**32 - threshold)
-    return seed, offset & 0xFFFFFFFF, offset >> 32, threshold, keep_scale
-
-
-def _forward(q, k, v, causal: bool, dropout_p: float, softmax_scale: float, seed: int, offset: int):
-    batch, heads, seq_len, head_dim = q.shape
-    o = torch.empty_like(q)
-    lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
-    cfg = _config("fwd", q, causal, dropout_p > 0)
-    grid = (triton.cdiv(seq_len, cfg.block_m), batch * heads)
-    flash_fwd_kernel[grid](
-        q, k, v, o, lse,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        heads, seq_len, softmax_scale * LOG2E, *_dropout_args(dropout_p, seed, offset),
-        HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, DROPOUT=dropout_p > 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_kernel_flags(q),
-    )  # fmt: skip
-    return o, lse
-
-
-def _backward(do, q, k, v, o, lse, causal: bool, dropout_p: float, softmax_scale: float, seed: int, offset: int):
-    batch, heads, seq_len, head_dim = q.shape
-    delta = torch.empty_like(lse)
-    flash_bwd_preprocess_kernel[(triton.cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads)](
-        o, do, delta, *o.stride(), *do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M
-    )
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dropout = dropout_p > 0
-    common = dict(
-        HEAD_DIM=head_dim, CAUSAL=causal, DROPOUT=dropout, **_kernel_flags(q)
-    )
-    scalars = (heads, seq_len, softmax_scale, softmax_scale * LOG2E, *_dropout_args(dropout_p, seed, offset))
-
-    cfg = _config("bwd_dkdv", q, causal, dropout)
-    flash_bwd_dkdv_kernel[(triton.cdiv(seq_len, cfg.block_n), batch * heads)](
-        q, k, v, do, lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
-    )  # fmt: skip
-    cfg = _config("bwd_dq", q, causal, dropout)
-    flash_bwd_dq_kernel[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
-        q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
-    )  # fmt: skip
-    return dq, dk, dv
-
-
 class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, dropout_p: float, softmax_scale: float):
         seed, offset = _rng_seed_and_offset(q.device) if dropout_p > 0 else (0, 0)
-        o, lse = _forward(q, k, v, causal, dropout_p, softmax_scale, seed, offset)
+        params = AttentionParams(causal, dropout_p, softmax_scale, seed, offset)
+        batch, heads, seq_len, _ = q.shape
+        o = torch.empty_like(q)
+        lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
+        launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params))
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (causal, dropout_p, softmax_scale, seed, offset)
+        ctx.params = params
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(do, q, k, v, o, lse, *ctx.args)
+        params = ctx.params
+        delta = torch.empty_like(lse)
+        launch_preprocess(o, do, delta)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params))
+        launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params))
         return dq, dk, dv, None, None, None
 
 

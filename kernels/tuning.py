@@ -7,7 +7,7 @@ the CPU (fewer, larger numpy operations), since warps and stages mean nothing th
 """
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -50,7 +50,8 @@ def seq_len_bucket(seq_len: int) -> int:
 
 
 def table_key(kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, bucket: int) -> str:
-    return f"{kernel_pass}/d{head_dim}/{dtype}/{'causal' if causal else 'full'}/{'drop' if dropout else 'nodrop'}/T{bucket}"
+    mask, drop = "causal" if causal else "full", "drop" if dropout else "nodrop"
+    return f"{kernel_pass}/d{head_dim}/{dtype}/{mask}/{drop}/T{bucket}"
 
 
 @cache
@@ -75,7 +76,3 @@ def launch_config(
     if dtype == "float32":  # fp32 tiles take twice the shared memory
         return LaunchConfig(default.block_m // 2 or 16, default.block_n // 2 or 16, default.num_warps, 2)
     return default
-
-
-def config_to_json(cfg: LaunchConfig) -> dict[str, int]:
-    return asdict(cfg)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kernels import flash_attention
+from kernels.dropout import keep_scale
 
 FP32_TOL = 1e-5  # the interpreter's fp32 products are exact; what remains is summation order
 LOW_PRECISION_TOL = 2e-2  # bf16/fp16 inputs, outputs and probabilities rounded to 8/11 mantissa bits
@@ -36,7 +37,7 @@ def reference_attention(q, k, v, *, causal: bool, scale: float | None = None, ke
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1)
     if keep is not None:
-        p = p * keep / (1.0 - dropout_p)
+        p = p * keep * keep_scale(dropout_p)
     return p @ v, lse
 
 
@@ -155,7 +156,7 @@ def test_backward_uses_the_forward_mask(seq_len, causal, seed):
     ref_o, _ = reference_attention(q, k, v, causal=causal, keep=keep, dropout_p=p)
     ref_grads = torch.autograd.grad(ref_o, (q, k, v), do.double())
     assert rel_err(o, ref_o) < FP32_TOL, f"seed {seed}"
-    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
         assert rel_err(got, want) < FP32_TOL, f"{name} disagrees with the forward's mask (seed {seed})"
 
 
@@ -168,7 +169,7 @@ def test_dropout_is_reproducible_from_the_seed(seed):
         return (o, *torch.autograd.grad(o.sum(), (q, k, v)))
 
     first, again, other = run(seed), run(seed), run(seed + 1)
-    for a, b in zip(first, again):
+    for a, b in zip(first, again, strict=True):
         assert torch.equal(a, b), f"same seed, different result (seed {seed})"
     assert not torch.equal(first[0], other[0]), f"different seeds gave the same output (seed {seed})"
     # Consecutive calls draw fresh masks.
@@ -241,7 +242,7 @@ def test_errors_name_the_problem(monkeypatch):
     for p in (1.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="dropout_p"):
             flash_attention(q, q, q, dropout_p=p)
-    with pytest.raises(TypeError, match="torch.Tensor"):
+    with pytest.raises(TypeError, match=r"torch\.Tensor"):
         flash_attention(q.numpy(), q, q)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):

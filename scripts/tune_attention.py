@@ -1,0 +1,165 @@
+"""Tune the FlashAttention launch configurations on this GPU and write the table `kernels/tuning.py` reads.
+
+Each pass (forward, backward dK/dV, backward dQ) is timed on its own, for every candidate tile shape, warp count
+and pipeline depth, at the benchmark's shapes (B = 16384 // T, H·D = 768 or 2048, causal, bf16). The fastest
+candidate per (pass, head dim, dtype, causal, dropout, T bucket) goes into the table, and the whole measurement
+into a JSON log. Candidates that do not compile (too much shared memory) are skipped.
+
+    python scripts/tune_attention.py --out kernels/tuned_h100.json --log results/tuning/h100.json
+"""
+
+import argparse
+import functools
+import json
+import math
+import platform
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.launch import AttentionParams, launch_dkdv, launch_dq, launch_forward, launch_preprocess
+from kernels.tuning import LaunchConfig, table_key
+
+CANDIDATES: dict[str, list[LaunchConfig]] = {
+    "fwd": [
+        LaunchConfig(128, 64, 4, 3),
+        LaunchConfig(128, 64, 4, 4),
+        LaunchConfig(128, 64, 8, 3),
+        LaunchConfig(128, 128, 8, 3),
+        LaunchConfig(128, 128, 8, 2),
+        LaunchConfig(128, 32, 4, 3),
+        LaunchConfig(64, 64, 4, 3),
+        LaunchConfig(64, 32, 4, 4),
+    ],
+    "bwd_dkdv": [
+        LaunchConfig(32, 128, 4, 3),
+        LaunchConfig(32, 128, 8, 3),
+        LaunchConfig(64, 128, 8, 3),
+        LaunchConfig(64, 128, 8, 2),
+        LaunchConfig(32, 64, 4, 3),
+        LaunchConfig(64, 64, 4, 3),
+        LaunchConfig(16, 64, 4, 4),
+        LaunchConfig(16, 128, 4, 3),
+    ],
+    "bwd_dq": [
+        LaunchConfig(128, 32, 4, 3),
+        LaunchConfig(128, 32, 8, 3),
+        LaunchConfig(128, 64, 8, 3),
+        LaunchConfig(128, 64, 8, 2),
+        LaunchConfig(64, 32, 4, 3),
+        LaunchConfig(64, 64, 4, 3),
+        LaunchConfig(128, 64, 4, 3),
+        LaunchConfig(64, 16, 4, 4),
+    ],
+}
+HEADS = {32: 24, 64: 12, 128: 16}
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def tune_shape(head_dim: int, seq_len: int, dropout_p: float, dtype: torch.dtype, warmup: int, rep: int) -> dict:
+    """Time every candidate of every pass at one shape; returns {pass: [(config, ms) ...]}."""
+    batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
+    q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+    params = AttentionParams(True, dropout_p, 1 / math.sqrt(head_dim), seed=1234, offset=0)
+    o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+    lse = torch.empty(batch, heads, seq_len, device="cuda", dtype=torch.float32)
+    delta = torch.empty_like(lse)
+    launch_forward(q, k, v, o, lse, params, CANDIDATES["fwd"][0])
+    launch_preprocess(o, do, delta)
+
+    runners = {
+        "fwd": lambda cfg: launch_forward(q, k, v, o, lse, params, cfg),
+        "bwd_dkdv": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg),
+        "bwd_dq": lambda cfg: launch_dq(q, k, v, do, lse, delta, dq, params, cfg),
+    }
+    results = {}
+    for kernel_pass, run in runners.items():
+        timings = []
+        for cfg in CANDIDATES[kernel_pass]:
+            if head_dim == 128 and cfg.block_m * cfg.block_n > 128 * 64 and cfg.num_stages > 2:
+                continue  # spills or exceeds shared memory at D = 128
+            launch = functools.partial(run, cfg)
+            try:
+                launch()
+                torch.cuda.synchronize()
+                ms = triton.testing.do_bench(launch, warmup=warmup, rep=rep, return_mode="median")
+            except Exception as err:  # out of resources: record and move on
+                print(f"  skip {kernel_pass} {cfg}: {type(err).__name__}: {str(err).splitlines()[0][:100]}")
+                continue
+            timings.append((cfg, ms))
+        results[kernel_pass] = timings
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--seq-lens", default="1024,2048,4096,8192,16384")
+    parser.add_argument("--dropout", default="0,0.1")
+    parser.add_argument("--warmup", type=int, default=10, help="ms")
+    parser.add_argument("--rep", type=int, default=40, help="ms")
+    parser.add_argument("--out", type=Path, default=Path("kernels/tuned_h100.json"))
+    parser.add_argument("--log", type=Path, default=None, help="JSON with every candidate's timing")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("tune_attention.py needs a CUDA GPU")
+
+    dtype, dtype_name = torch.bfloat16, "bfloat16"
+    table = json.loads(args.out.read_text())["configs"] if args.out.exists() else {}
+    log = []
+    started = time.time()
+    print(f"{'D':>4} {'drop':>5} {'T':>6} | {'fwd TFLOP/s':>11} {'dkdv ms':>8} {'dq ms':>8} | fwd+bwd TFLOP/s  (best)")
+    for head_dim in map(int, args.head_dims.split(",")):
+        for dropout_p in map(float, args.dropout.split(",")):
+            for seq_len in map(int, args.seq_lens.split(",")):
+                results = tune_shape(head_dim, seq_len, dropout_p, dtype, args.warmup, args.rep)
+                batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
+                fwd_flops = 4 * batch * heads * seq_len**2 * head_dim * 0.5
+                best = {}
+                for kernel_pass, timings in results.items():
+                    cfg, ms = min(timings, key=lambda t: t[1])
+                    best[kernel_pass] = ms
+                    key = table_key(kernel_pass, head_dim, dtype_name, True, dropout_p > 0, seq_len)
+                    table[key] = vars(cfg)
+                    log.append(
+                        {
+                            "key": key,
+                            "timings_ms": [{**vars(c), "ms": t} for c, t in timings],
+                            "best": {**vars(cfg), "ms": ms},
+                        }
+                    )
+                total = best["fwd"] + best["bwd_dkdv"] + best["bwd_dq"]
+                print(
+                    f"{head_dim:>4} {dropout_p:>5} {seq_len:>6} | {tflops(fwd_flops, best['fwd']):>11.0f} "
+                    f"{best['bwd_dkdv']:>8.3f} {best['bwd_dq']:>8.3f} | {tflops(3.5 * fwd_flops, total):>6.0f}",
+                    flush=True,
+                )
+
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "date": date.today().isoformat(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "tuning_seconds": round(time.time() - started),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "configs": dict(sorted(table.items()))}, indent=1) + "\n")
+    if args.log:
+        args.log.parent.mkdir(parents=True, exist_ok=True)
+        args.log.write_text(json.dumps({"meta": meta, "shapes": log}, indent=1) + "\n")
+    print(f"wrote {args.out} ({len(table)} entries) in {meta['tuning_seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
