@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # no display on GPU boxes or CI
 import matplotlib.pyplot as plt
@@ -48,12 +49,14 @@ class Run:
     seq_len: int
     status: str  # ok | oom | nan | crashed | timeout (sweep.py) | incomplete (no result.json)
     command: str
+    sweep_command: str | None = None  # the scripts/sweep.py invocation that launched it
     device: str | None = None
     date: str | None = None
     tokens_per_sec: float | None = None
     mfu: float | None = None
     peak_gib: float | None = None
     requested_gib: float | None = None  # the allocation that failed, for out-of-memory runs
+    message: str | None = None  # why a run that is not ok ended
     tokens: int | None = None
     val_loss: float | None = None
     val_ppl: float | None = None
@@ -83,8 +86,10 @@ def _command(run_dir: Path, sweep: dict) -> str:
 
 
 def load_run(run_dir: Path, name: str) -> Run:
-    """One run from its raw files (run_dir holds config.yaml, metrics.jsonl, ... as in raw/)."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    """One run from its raw files (run_dir holds config.yaml, metrics.jsonl, ... as in raw/). A run that died
+    before Hydra wrote its config is known from the result.json that scripts/sweep.py wrote for it."""
+    config_path = run_dir / "config.yaml"
+    config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
     result, sweep = _read_json(run_dir / "result.json"), _read_json(run_dir / "sweep.json")
     metrics_path = run_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
@@ -95,16 +100,18 @@ def load_run(run_dir: Path, name: str) -> Run:
     tokens = [r["train/tokens"] for r in train]
     return Run(
         name=name,
-        backend=config["attention"]["name"],
-        seq_len=config["seq_len"],
+        backend=config["attention"]["name"] if config else result["backend"],
+        seq_len=config["seq_len"] if config else result["seq_len"],
         status=result.get("status", "incomplete"),
         command=_command(run_dir, sweep),
+        sweep_command=sweep.get("sweep_command"),
         device=result.get("device"),
         date=sweep.get("started", "")[:10] or None,
         tokens_per_sec=_median([r["perf/tokens_per_sec"] for r in steady]),
         mfu=_median([r.get("perf/mfu") for r in steady]),
         peak_gib=max((p for p in peaks if p is not None), default=None),
         requested_gib=result.get("oom/requested_gib"),
+        message=result.get("message"),
         tokens=max(tokens, default=None),
         val_loss=evals[-1]["val/loss"] if evals else None,
         val_ppl=evals[-1]["val/ppl"] if evals else None,
@@ -112,15 +119,21 @@ def load_run(run_dir: Path, name: str) -> Run:
     )
 
 
+def _run_dirs(root: Path, markers: Sequence[str]) -> list[Path]:
+    """The dirs under `root` holding any of the `markers` (paths relative to a run dir)."""
+    return sorted({p.parents[len(Path(m).parts) - 1] for m in markers for p in root.rglob(m)})
+
+
 def load_group(group_dir: Path) -> list[Run]:
-    runs = [load_run(p.parent, str(p.parent.relative_to(group_dir))) for p in group_dir.rglob("config.yaml")]
+    run_dirs = _run_dirs(group_dir, ["config.yaml", "result.json"])
+    runs = [load_run(d, str(d.relative_to(group_dir))) for d in run_dirs]
     return sorted(runs, key=lambda r: (r.backend, r.seq_len, r.name))
 
 
 def import_runs(source: Path, dest: Path) -> int:
-    """Copy the raw files of every Hydra run dir under `source` into `dest` (replaced); returns the count."""
+    """Copy the raw files of every run dir under `source` into `dest` (replaced); returns the count."""
     shutil.rmtree(dest, ignore_errors=True)
-    run_dirs = sorted(p.parent.parent for p in source.rglob(".hydra/config.yaml"))
+    run_dirs = _run_dirs(source, [".hydra/config.yaml", "result.json"])
     for run_dir in run_dirs:
         target = dest / run_dir.relative_to(source)
         target.mkdir(parents=True)
@@ -187,7 +200,8 @@ def _pivot_cell(run: Run | None) -> str:
         return _status(run)
     mfu = f", MFU {run.mfu:.1%}" if run.mfu is not None else ""
     mem = f", {run.peak_gib:.1f} GiB" if run.peak_gib is not None else ""
-    return f"{run.tokens_per_sec / 1e3:.0f}K tok/s{mfu}{mem}"
+    speed = run.tokens_per_sec
+    return f"{speed / 1e3:.0f}K tok/s{mfu}{mem}" if speed >= 1e4 else f"{speed:.0f} tok/s{mfu}{mem}"
 
 
 def position_table(runs: list[Run]) -> str:
@@ -230,8 +244,10 @@ def speed_reading(runs: list[Run]) -> list[str]:
     for backend, by_t in _by_backend(runs).items():
         if failed := [t for t, r in sorted(by_t.items()) if r.status == "oom"]:
             lines.append(f"- {backend}: out of memory at T={', '.join(map(str, failed))}.")
-        if other := [f"T={t} ({r.status})" for t, r in sorted(by_t.items()) if r.status not in ("ok", "oom")]:
-            lines.append(f"- {backend}: no result at {', '.join(other)}.")
+        for t, r in sorted(by_t.items()):
+            if r.status not in ("ok", "oom"):
+                why = f": {r.message}" if r.message else ""
+                lines.append(f"- {backend}: no result at T={t} ({r.status}{why}).")
     return lines
 
 
@@ -325,7 +341,10 @@ def plot_memory(runs: list[Run], path: Path) -> None:
                 ax.annotate(
                     f"OOM{asked}", (t, top), textcoords="offset points", xytext=(0, -14), ha="center", fontsize=7
                 )
-    ax.set_yscale("log")
+    if peaks or any(r.status == "oom" for r in runs):  # runs without CUDA record no memory
+        ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     _log2_x(ax, sorted({r.seq_len for r in runs}))
     ax.set_xlabel("context length T")
     ax.set_ylabel("peak allocated GiB (log)")
@@ -406,7 +425,9 @@ def _setup_lines(runs: list[Run], bench: dict | None) -> list[str]:
 
 
 def _commands(runs: list[Run]) -> list[str]:
-    return ["```", *sorted({r.command for r in runs}), "```"] if runs else []
+    """The sweep invocations, then every run's own command."""
+    sweeps = [f"- sweep: `{c}`" for c in sorted({r.sweep_command for r in runs if r.sweep_command})]
+    return ["Commands:", "", *sweeps, "- each run:", "", "```", *sorted({r.command for r in runs}), "```"]
 
 
 def build_report(out: Path) -> str:
@@ -421,14 +442,14 @@ def build_report(out: Path) -> str:
         plot_throughput(speed, out / "throughput.png")
         plot_memory(speed, out / "memory.png")
         md += ["## Training speed and memory", "", throughput_pivot(speed), "", runs_table(speed), ""]
-        md += ["![throughput](throughput.png)", "![memory](memory.png)", "", "Commands:", *_commands(speed), ""]
+        md += ["![throughput](throughput.png)", "![memory](memory.png)", "", *_commands(speed), ""]
         md += ["Reading:", "", *speed_reading(speed), ""]
     if ppl := groups["ppl"]:
         plot_perplexity(ppl, out / "perplexity.png")
         plot_loss_by_position(ppl, out / "loss_by_position.png")
         md += ["## Perplexity vs context length", "", runs_table(ppl), "", "Validation loss by position:", ""]
         md += [position_table(ppl), "", "![perplexity](perplexity.png)", "![loss by position](loss_by_position.png)"]
-        md += ["", "Commands:", *_commands(ppl), "", "Reading:", "", *ppl_reading(ppl), ""]
+        md += ["", *_commands(ppl), "", "Reading:", "", *ppl_reading(ppl), ""]
     if bench:
         anchors = anchors_for(bench["device"], bench["dtype"], bench["tokens_per_call"])
         md += [

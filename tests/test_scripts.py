@@ -259,3 +259,29 @@ def test_bench_check_only_cpu_smoke(tmp_path: Path) -> None:
     assert len(check["results"]) == 5
     for result in check["results"]:
         assert all(err < 1e-5 for err in result.get("rel_err", {}).values()), result
+
+
+def _sweep(out: Path, *options: str) -> subprocess.CompletedProcess:
+    grid = ["--attention", "sdpa,bogus", "--seq-lens", "64", "--micro-batch-tokens", "256", "--out", str(out)]
+    tiny = ["model=gpt2-tiny", "data=shakespeare", "device=cpu", "train.tokens_per_step=256", "train.max_steps=2"]
+    command = [sys.executable, "scripts/sweep.py", "long_context_speed", *grid, *options, *tiny, "wandb.mode=disabled"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_sweep_resumes_records_crashes_and_feeds_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    first = _sweep(out, "--budget-min", "0.001")  # the budget ends after the first run
+    assert first.returncode == 2 and "stopping with 1 runs to go" in first.stdout, first.stdout + first.stderr
+    ok = json.loads((out / "sdpa-64" / "result.json").read_text())
+    assert ok["status"] == "ok" and ok["step"] == 2 and ok["tokens_per_step"] == 256
+    assert "train.batch_size=4" in json.loads((out / "sdpa-64" / "sweep.json").read_text())["command"]
+    second = _sweep(out)
+    assert second.returncode == 0 and "1 of 2 runs done" in second.stdout, second.stdout + second.stderr
+    crashed = json.loads((out / "bogus-64" / "result.json").read_text())
+    assert crashed["status"] == "crashed" and crashed["returncode"] == 1
+    assert "Could not find 'attention/bogus'" in crashed["message"]
+    assert "2 of 2 runs done, 0 to go" in _sweep(out).stdout
+    assert report.main(["--out", str(tmp_path / "report"), "--speed", str(out)]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "| sdpa | 64 | ok |" in text and "| bogus | 64 | crashed |" in text
+    assert "- sweep: `python scripts/sweep.py long_context_speed --attention sdpa,bogus" in text

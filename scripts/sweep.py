@@ -1,0 +1,138 @@
+"""Run an experiment preset over attention backends x context lengths: one process per run, resumable.
+
+Each run trains in its own Hydra run dir, <out>/<backend>-<seq_len>. A dir that holds result.json is done and
+skipped, so the same command continues an interrupted sweep (GPU commands are capped at 10 minutes: pass
+--budget-min and repeat the command until it prints "sweep complete"). Running out of memory is a result:
+train.py writes result.json with status "oom". A run that dies any other way gets a result.json with status
+"crashed" and its exit code from here, and the sweep goes on; delete its dir to run it again.
+
+Every run gets train.batch_size = eval.batch_size = micro-batch tokens / seq_len, so each micro-step holds the
+same number of tokens at every context length (a Hydra -m sweep cannot tie the batch size to seq_len); the
+preset's train.tokens_per_step then derives grad_accum.
+
+    python scripts/sweep.py long_context_speed --budget-min 9
+    python scripts/sweep.py long_context_ppl --attention flash --budget-min 9
+    python scripts/sweep.py long_context_speed --seq-lens 128 model=gpt2-tiny device=cpu   # extra overrides last
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOG_FILE = "sweep.log"  # the run's stdout and stderr
+
+
+def _csv(cast: type) -> Callable[[str], list]:
+    return lambda text: [cast(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("preset", help="an experiment preset: configs/experiment/<preset>.yaml")
+    parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every run")
+    parser.add_argument("--attention", type=_csv(str), default=["naive", "flash", "sdpa"])
+    parser.add_argument("--seq-lens", type=_csv(int), default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--micro-batch-tokens", type=int, default=32768, help="tokens per micro-step")
+    parser.add_argument("--budget-min", type=float, help="start no run that would end past this many minutes")
+    parser.add_argument("--out", type=Path, help="sweep dir (default runs/<preset>)")
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
+    if bad := [t for t in args.seq_lens if args.micro_batch_tokens % t]:
+        parser.error(f"--micro-batch-tokens {args.micro_batch_tokens} is not a multiple of seq_len {bad}")
+    return args
+
+
+def train_command(args: argparse.Namespace, backend: str, seq_len: int, run_dir: Path) -> list[str]:
+    batch = args.micro_batch_tokens // seq_len
+    return [
+        "python",
+        "train.py",
+        f"experiment={args.preset}",
+        f"attention={backend}",
+        f"seq_len={seq_len}",
+        f"train.batch_size={batch}",
+        f"eval.batch_size={batch}",
+        *args.overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
+
+
+def _failure_line(log: Path) -> str:
+    """The exception that ended the run (its last line naming an Error), else the log's last line."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
+    return (errors or lines or [""])[-1][:500]
+
+
+def run_one(command: list[str], run_dir: Path, backend: str, seq_len: int, sweep_command: str) -> dict:
+    """Train in a fresh process; returns result.json, written here when the run left none."""
+    shutil.rmtree(run_dir, ignore_errors=True)  # a killed attempt: metrics.jsonl would be appended to
+    run_dir.mkdir(parents=True)
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    clock = time.monotonic()
+    with (run_dir / LOG_FILE).open("w") as log:
+        env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+        returncode = subprocess.run(
+            [sys.executable, *command[1:]], cwd=ROOT, stdout=log, stderr=log, env=env
+        ).returncode
+    sweep = {
+        "command": command,
+        "sweep_command": sweep_command,
+        "started": started,
+        "returncode": returncode,
+        "wall_s": time.monotonic() - clock,
+    }
+    (run_dir / "sweep.json").write_text(json.dumps(sweep, indent=1) + "\n")
+    result_path = run_dir / "result.json"
+    if not result_path.exists():
+        crashed = {"status": "crashed", "backend": backend, "seq_len": seq_len, "returncode": returncode}
+        result_path.write_text(json.dumps({**crashed, "message": _failure_line(run_dir / LOG_FILE)}, indent=1) + "\n")
+    return {**json.loads(result_path.read_text()), "wall_s": sweep["wall_s"]}
+
+
+def _summary(name: str, result: dict) -> str:
+    speed = result.get("perf/tokens_per_sec")
+    peak = result.get("mem/peak_gib")
+    parts = [f"{name}: {result['status']} in {result['wall_s']:.0f} s"]
+    parts += [f"{speed:,.0f} tok/s"] if speed else []
+    parts += [f"peak {peak:.1f} GiB"] if peak else []
+    parts += [result["message"][:200]] if result["status"] != "ok" and result.get("message") else []
+    return ", ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    sweep_command = shlex.join(["python", "scripts/sweep.py", *argv])
+    out = args.out or Path("runs") / args.preset
+    grid = [(backend, t) for t in args.seq_lens for backend in args.attention]
+    pending = [(b, t) for b, t in grid if not (ROOT / out / f"{b}-{t}" / "result.json").exists()]
+    print(f"{out}: {len(grid) - len(pending)} of {len(grid)} runs done, {len(pending)} to go", flush=True)
+    clock, longest = time.monotonic(), 0.0
+    for i, (backend, seq_len) in enumerate(pending):
+        elapsed = time.monotonic() - clock
+        if args.budget_min and elapsed + longest > 60 * args.budget_min:
+            print(f"budget: stopping with {len(pending) - i} runs to go; run the same command again")
+            return 2
+        run_dir = out / f"{backend}-{seq_len}"
+        command = train_command(args, backend, seq_len, run_dir)
+        result = run_one(command, ROOT / run_dir, backend, seq_len, sweep_command)
+        longest = max(longest, result["wall_s"])
+        print(_summary(run_dir.name, result), flush=True)
+    print(f"sweep complete: {len(grid)} runs in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
