@@ -59,7 +59,10 @@ def dropout_keep_mask(
         PHILOX_ROUNDS,
     )
     # join(join(w0, w2), join(w1, w3)) has shape (BLOCK_M, BLOCK_N // 8, 2, 2) with word 2·i + j at [..., i, j];
-    # flattening puts word w of group g at 4·g + w, and splitting each word into halves puts half h at 2·(4·g + w) + h.
+    # flattening puts word w of group g at 4·g + w. Half h of that word then decides column 2·(4·g + w) + h.
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N // 2))
-    halves = tl.reshape(tl.join(words & 0xFFFF, words >> 16), (BLOCK_M, BLOCK_N))
-    return halves >= threshold.to(tl.uint32)
+    # Comparing whole words against threshold·2¹⁶ decides on the high half without extracting it.
+    threshold_hi = threshold.to(tl.uint32) << 16
+    keep_lo = (words << 16) >= threshold_hi
+    keep_hi = words >= threshold_hi
+    return tl.reshape(tl.join(keep_lo, keep_hi), (BLOCK_M, BLOCK_N))

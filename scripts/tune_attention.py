@@ -36,6 +36,7 @@ CANDIDATES: dict[str, list[LaunchConfig]] = {
         LaunchConfig(128, 32, 4, 3),
         LaunchConfig(64, 64, 4, 3),
         LaunchConfig(64, 32, 4, 4),
+        LaunchConfig(64, 64, 8, 3),
     ],
     "bwd_dkdv": [
         LaunchConfig(32, 128, 4, 3),
@@ -46,6 +47,8 @@ CANDIDATES: dict[str, list[LaunchConfig]] = {
         LaunchConfig(64, 64, 4, 3),
         LaunchConfig(16, 64, 4, 4),
         LaunchConfig(16, 128, 4, 3),
+        LaunchConfig(64, 64, 8, 3),
+        LaunchConfig(32, 64, 8, 3),
     ],
     "bwd_dq": [
         LaunchConfig(128, 32, 4, 3),
@@ -56,6 +59,7 @@ CANDIDATES: dict[str, list[LaunchConfig]] = {
         LaunchConfig(64, 64, 4, 3),
         LaunchConfig(128, 64, 4, 3),
         LaunchConfig(64, 16, 4, 4),
+        LaunchConfig(64, 64, 8, 3),
     ],
 }
 HEADS = {32: 24, 64: 12, 128: 16}
