@@ -69,14 +69,14 @@ class Trainer:
     def __init__(self, cfg: Config, resolved_cfg: dict[str, Any], run_dir: Path, ctx: DistContext):
         self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
         device = ctx.device
+        self.grad_accum = grad_accum_steps(cfg.train, cfg.seq_len, ctx.world_size)
+        self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * ctx.world_size
         if prepare_backend(cfg.attention.name, device):
             log.warning("attention=flash without CUDA runs through the Triton interpreter: slow but exact")
         _seed_everything(cfg.seed + ctx.rank)  # distinct dropout per rank; DDP broadcasts rank 0's initial weights
 
         splits = load_splits(cfg.data, prepare_if_missing=True)
         self.train_tokens = splits.train
-        self.grad_accum = grad_accum_steps(cfg.train, cfg.seq_len, ctx.world_size)
-        self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * ctx.world_size
         self.sampler = WindowSampler(
             len(splits.train),
             cfg.seq_len,

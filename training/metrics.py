@@ -25,12 +25,13 @@ class MetricsLogger:
         resume_step: int,
         wandb_id: str | None,
     ):
-        """resume_step > 0: continuing a run; metrics.jsonl keeps its lines up to that step (later ones were
-        written after the checkpoint and are about to be recomputed) and wandb continues run `wandb_id`."""
+        """A run that starts at `resume_step` (0 when fresh) keeps the metrics.jsonl lines up to that step: later
+        ones, if any, were written after its checkpoint and are about to be recomputed. wandb continues the run
+        `wandb_id` when given (a resumed run), else starts a new one."""
         self.path = run_dir / METRICS_FILE
-        if resume_step and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
-            self.path.write_text("".join(f"{line}\n" for line in kept))
+        if self.path.exists():
+            lines = self.path.read_text().splitlines()
+            self.path.write_text("".join(f"{line}\n" for line in lines if json.loads(line)["step"] <= resume_step))
         self.run = wandb.init(
             project=wandb_cfg.project,
             entity=wandb_cfg.entity,

@@ -1,0 +1,39 @@
+"""Run train.py end to end as a subprocess, the way a user does, and read back what it wrote."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+# gpt2-tiny on Shakespeare at a size that runs a step in a fraction of a second on two CPU cores.
+TINY = [
+    "model=gpt2-tiny", "attention=sdpa", "data=shakespeare", "seq_len=64", "train.batch_size=4",
+    "train.lr=3e-3", "train.warmup_steps=2", "eval.steps=2", "eval.batch_size=4", "log.every=1",
+    "wandb.mode=disabled", "device=cpu", "seed=0",
+]  # fmt: skip
+
+
+def train(
+    run_dir: Path, *overrides: str, nproc: int = 1, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python train.py <TINY> <overrides> hydra.run.dir=<run_dir>`, or under torchrun with nproc processes."""
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    command = [*launcher, "train.py", *TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    return subprocess.run(command, cwd=REPO, env=env or os.environ.copy(), capture_output=True, text=True, timeout=600)
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"train.py exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-5000:]}"
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def read_result(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "result.json").read_text())
