@@ -145,44 +145,45 @@ def cuda_timer(fn: Callable[[], object], grads: list[Tensor]) -> float:
 def cpu_timer(fn: Callable[[], object], grads: list[Tensor], reps: int = 3) -> float:
     """Median wall time; only exercises the pipeline on machines without CUDA."""
     times = []
-    for _ in range(reps + 1):  # the first call warms up
+    for _ in range(reps):
         for t in grads:
             t.grad = None
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times[1:])
+    return statistics.median(times)
 
 
 def fwd_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float:
     return 4 * batch * heads * seq_len**2 * head_dim * 0.5  # causal: half the score matrix
 
 
-def _peak_extra_gib(run: Callable[[], object], device: str) -> float | None:
-    """Runs `run`; on CUDA returns its peak allocation above what was allocated before it."""
+def _run_measuring_peak(run: Callable[[], Tensor], device: str) -> tuple[Tensor, float | None]:
+    """`run()` and, on CUDA, its peak allocation in GiB above what was allocated before it."""
     if device != "cuda":
-        run()
-        return None
+        return run(), None
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    run()
+    out = run()
     torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**30
+    return out, (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
 def _measure(row: Row, fn: AttentionFn, profile: Profile, timer: Timer) -> None:
     shape = (row.batch, row.heads, row.seq_len, row.head_dim)
     q, k, v = (torch.randn(shape, device=profile.device, dtype=profile.dtype, requires_grad=True) for _ in range(3))
-    grad_out: list[Tensor] = []
+    fn(q, k, v, row.dropout).backward(torch.randn_like(q))  # compilation, autotuning, cached masks: not in the peak
+    q.grad = k.grad = v.grad = None
 
-    def first_step() -> None:  # do is allocated inside: it is part of what one fwd+bwd needs
-        grad_out.append(torch.randn_like(q))
-        fn(q, k, v, row.dropout).backward(grad_out[0])
+    def one_step() -> Tensor:
+        grad_out = torch.randn_like(q)  # do counts: one fwd+bwd needs it on top of q, k, v
+        fn(q, k, v, row.dropout).backward(grad_out)
+        return grad_out
 
-    row.peak_extra_gib = _peak_extra_gib(first_step, profile.device)
+    grad_out, row.peak_extra_gib = _run_measuring_peak(one_step, profile.device)
     row.fwd_ms = timer(lambda: fn(q, k, v, row.dropout), [q, k, v])
-    row.fwd_bwd_ms = timer(lambda: fn(q, k, v, row.dropout).backward(grad_out[0]), [q, k, v])
+    row.fwd_bwd_ms = timer(lambda: fn(q, k, v, row.dropout).backward(grad_out), [q, k, v])
     flops = fwd_flops(row.batch, row.heads, row.seq_len, row.head_dim)
     bwd_ms = row.fwd_bwd_ms - row.fwd_ms
     row.tflops = {
@@ -404,19 +405,21 @@ def _brief(result: dict) -> str:
     return " ".join(parts)
 
 
+def _case_name(case: CheckCase) -> str:
+    layout = ", packed qkv" if case.packed else ""
+    shape = f"B={case.batch} H={case.heads} T={case.seq_len} D={case.head_dim}"
+    return f"{'causal' if case.causal else 'full'} {shape}{layout}"
+
+
 def run_checks(profile: Profile, p: float = 0.1) -> dict:
     torch.set_float32_matmul_precision("highest")  # the reference must be real fp32, not tf32
-    results = [
-        _guarded(
-            f"{'causal' if c.causal else 'full'} T={c.seq_len} D={c.head_dim}",
-            lambda c=c: check_case(c, profile),
-        )
-        for c in profile.check_cases
-    ]
+    results = [_guarded(_case_name(c), lambda c=c: check_case(c, profile)) for c in profile.check_cases]
     for c in profile.dropout_cases:
-        tag = f"dropout {'causal' if c.causal else 'full'} T={c.seq_len} D={c.head_dim}"
-        results.append(_guarded(f"{tag} mask", lambda c=c: check_dropout_mask(c, profile, p, seed=1234)))
-        results.append(_guarded(f"{tag} seeds", lambda c=c: check_dropout_seeds(c, profile, p, profile.dropout_seeds)))
+        name = f"dropout {p} {_case_name(c)}"
+        results.append(_guarded(f"{name}: mask", lambda c=c: check_dropout_mask(c, profile, p, seed=1234)))
+        results.append(
+            _guarded(f"{name}: seeds", lambda c=c: check_dropout_seeds(c, profile, p, profile.dropout_seeds))
+        )
     return {"passed": all(r["passed"] for r in results), "dtype": str(profile.dtype), "results": results}
 
 

@@ -257,8 +257,8 @@ def test_bench_check_only_cpu_smoke(tmp_path: Path) -> None:
     check = json.loads(out.read_text())["check"]
     assert check["passed"] and check["dtype"] == "torch.float32"
     assert len(check["results"]) == 5
-    for result in check["results"]:
-        assert all(err < 1e-5 for err in result.get("rel_err", {}).values()), result
+    for result in check["results"]:  # fp32 in the interpreter is exact up to rounding (and 16-bit dropout thresholds)
+        assert all(err < 1e-4 for err in result.get("rel_err", {}).values()), result
 
 
 def _sweep(out: Path, *options: str) -> subprocess.CompletedProcess:
