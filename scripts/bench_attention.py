@@ -8,6 +8,7 @@ during one fwd+bwd above what q, k, v hold.
     python scripts/bench_attention.py                      # GPU: correctness check, then the full sweep
     python scripts/bench_attention.py --quick              # GPU: a fast subset
     python scripts/bench_attention.py --check-only         # correctness only; on CPU a tiny fp32 smoke test
+    python scripts/bench_attention.py --out $OUT           # write $OUT/<device-slug>-<date>.json
 
 Without CUDA the kernel runs in Triton's interpreter at tiny fp32 shapes (a smoke path, numbers meaningless).
 Exit status: 1 if the correctness check fails, else 0 (unsupported or out-of-memory configs are recorded).
@@ -552,7 +553,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a fast subset of configs and checks")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--check-only", action="store_true")
-    parser.add_argument("--out", type=Path, help="JSON path; default results/bench_attention/<device>-<date>.json")
+    parser.add_argument("--out", type=Path, help="JSON path or folder (default results/bench_attention)")
     args = parser.parse_args(argv)
     args.head_dims = args.head_dims or ([64] if args.quick else list(HEADS))
     args.dropout = args.dropout or ([0.0] if args.quick else [0.0, 0.1])
@@ -567,9 +568,12 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
-def default_out(name: str, date: str) -> Path:
+def out_path(out: Path | None, name: str, date: str) -> Path:
+    """--out as given, or <device-slug>-<date>.json in it when it is a folder (default results/bench_attention)."""
+    if out is not None and not out.is_dir():
+        return out
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    return ROOT / "results" / "bench_attention" / f"{slug}-{date}.json"
+    return (out or ROOT / "results" / "bench_attention") / f"{slug}-{date}.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -599,7 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = run_benchmark(args, profile, cuda_timer if cuda else cpu_timer)
         report["rows"] = [asdict(r) for r in rows]
         print("\n" + markdown_tables(rows, anchors_for(name, str(profile.dtype), profile.tokens_per_call)))
-    out = args.out or default_out(name, date)
+    out = out_path(args.out, name, date)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
