@@ -36,11 +36,16 @@ class NaiveAttention(InnerAttention):
 class FlashAttention(InnerAttention):
     """The project's fused Triton kernel (kernels/): tiled online softmax, O(T) memory, dropout in-kernel."""
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, dropout_p: float, scale: float) -> Tensor:
-        # Imported on first use so that prepare_backend can switch the interpreter on before the kernels load.
+    def __init__(self):
+        super().__init__()
+        # Imported here rather than at the top so that prepare_backend can switch the Triton interpreter on
+        # (for CPU runs) before the kernels are defined.
         from kernels import flash_attention
 
-        return flash_attention(q, k, v, causal=causal, dropout_p=dropout_p, softmax_scale=scale)
+        self.flash_attention = flash_attention
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool, dropout_p: float, scale: float) -> Tensor:
+        return self.flash_attention(q, k, v, causal=causal, dropout_p=dropout_p, softmax_scale=scale)
 
 
 class SdpaAttention(InnerAttention):
@@ -67,9 +72,8 @@ def prepare_backend(name: str, device: torch.device) -> bool:
     """Make `name` runnable on `device`; returns True when flash will run through the (slow) Triton interpreter.
 
     Triton reads TRITON_INTERPRET when a kernel is defined, i.e. when `kernels` is imported, so the variable has
-    to be set before that first import: this is why FlashAttention imports the kernels lazily.
+    to be set before that first import, which FlashAttention makes when it is built.
     """
-    build_attention(name)  # fail on an unknown name before any work
     if name != "flash" or device.type == "cuda":
         return False
     if "kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":

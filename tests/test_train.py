@@ -86,7 +86,7 @@ def test_diverging_loss_stops_with_a_clear_message_and_keeps_the_last_good_check
     run_dir = tmp_path / "run"
     proc = train(run_dir, "train.lr=1e6", "train.warmup_steps=0", "train.max_steps=10", "checkpoint.every=1")
     assert proc.returncode == 1, proc.stderr[-3000:]
-    match = re.search(r"loss became (nan|inf) at step (\d+); stopping. Last good checkpoint: (\S+)", proc.stdout)
+    match = re.search(r"loss became (nan|inf) at step (\d+); last good checkpoint: (\S+)", proc.stdout)
     assert match, proc.stdout
     step, last_good = int(match[2]), Path(match[3])
     assert last_good == run_dir / "checkpoints" / "latest.pt"

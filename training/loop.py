@@ -1,6 +1,7 @@
 """The training loop: build everything from the config, train, evaluate, checkpoint, and write result.json."""
 
 import logging
+import math
 import random
 import statistics
 import time
@@ -168,7 +169,7 @@ class Trainer:
             return self._finish("ok")
         except NonFiniteLossError as error:
             last_good = str(self.last_checkpoint) if self.last_checkpoint else None
-            log.error(f"{error}; stopping. Last good checkpoint: {last_good or 'none (none was written)'}")
+            log.error(f"{error}; last good checkpoint: {last_good or 'none (no checkpoint was written yet)'}")
             return self._finish("nan", message=str(error), last_checkpoint=last_good)
         except torch.cuda.OutOfMemoryError as error:
             requested = oom_request_gib(str(error))
@@ -202,7 +203,7 @@ class Trainer:
         loss_and_norm = all_reduce_sum(torch.stack([loss_sum / self.grad_accum, grad_norm]), self.ctx)
         loss, norm = (loss_and_norm / self.ctx.world_size).tolist()
         for what, value in (("loss", loss), ("gradient norm", norm)):
-            if not np.isfinite(value):
+            if not math.isfinite(value):
                 raise NonFiniteLossError(what, value, self.step)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
@@ -247,7 +248,7 @@ class Trainer:
     def _finish(self, status: str, **details: Any) -> str:
         """Write result.json (rank 0) and close the metrics; returns `status`."""
         steady = self.step_times[STEADY_STATE_SKIP:] or self.step_times
-        tokens_per_sec = self.tokens_per_step / statistics.median(steady) if steady else None
+        tokens_per_sec = self.tokens_per_step / statistics.median(steady) if steady else None  # no step ran here
         result = {
             "status": status,
             "backend": self.cfg.attention.name,
@@ -262,9 +263,7 @@ class Trainer:
             "val/loss": self.last_val.get("val/loss"),
             "val/ppl": self.last_val.get("val/ppl"),
             "perf/tokens_per_sec": tokens_per_sec,
-            "perf/mfu": None
-            if tokens_per_sec is None
-            else mfu(self.flops_per_token, tokens_per_sec, self.peak_flops, self.ctx.world_size),
+            "perf/mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak_flops, self.ctx.world_size),
             "mem/peak_gib": _peak_memory_gib(self.ctx.device),
             **details,
         }

@@ -29,8 +29,10 @@ def peak_flops_per_sec(name: str) -> float | None:
     return next((peak for pattern, peak in PEAK_BF16_FLOPS if re.search(pattern, name)), None)
 
 
-def mfu(flops_per_token: float, tokens_per_sec: float, peak_per_device: float | None, n_devices: int) -> float | None:
-    """Fraction of the peak that tokens_per_sec (summed over devices) achieves; None when the peak is unknown."""
-    if peak_per_device is None:
+def mfu(
+    flops_per_token: float, tokens_per_sec: float | None, peak_per_device: float | None, n_devices: int
+) -> float | None:
+    """Fraction of the peak that tokens_per_sec (summed over devices) achieves; None when either is unknown."""
+    if tokens_per_sec is None or peak_per_device is None:
         return None
     return flops_per_token * tokens_per_sec / (peak_per_device * n_devices)
