@@ -47,7 +47,7 @@ class Run:
     name: str
     backend: str
     seq_len: int
-    status: str  # ok | oom | nan | crashed | timeout (sweep.py) | incomplete (no result.json)
+    status: str  # ok | oom | nan (train.py) | crashed (scripts/sweep.py) | incomplete (no result.json)
     command: str
     sweep_command: str | None = None  # the scripts/sweep.py invocation that launched it
     device: str | None = None
@@ -128,6 +128,12 @@ def load_group(group_dir: Path) -> list[Run]:
     run_dirs = _run_dirs(group_dir, ["config.yaml", "result.json"])
     runs = [load_run(d, str(d.relative_to(group_dir))) for d in run_dirs]
     return sorted(runs, key=lambda r: (r.backend, r.seq_len, r.name))
+
+
+def load_bench(raw: Path) -> dict | None:
+    """The benchmark JSON copied into raw/bench, if any."""
+    files = sorted((raw / "bench").glob("*.json"))
+    return json.loads(files[-1].read_text()) if files else None
 
 
 def import_runs(source: Path, dest: Path) -> int:
@@ -221,6 +227,18 @@ def _bucket_start(bucket: str) -> int:
 
 def _bucket_end(bucket: str) -> int:
     return int(bucket.split("-")[1]) + 1
+
+
+def check_table(check: dict) -> str:
+    """The kernel's correctness check: relative errors vs the fp32 reference, and the dropout statistics."""
+    errors = ("o", "lse", "dq", "dk", "dv")
+    lines = ["| check | passed | " + " | ".join(errors) + " | other |", "|---|---" + "|---:" * len(errors) + "|---|"]
+    for r in check["results"]:
+        cells = [_fmt(r.get("rel_err", {}).get(name), ".1e") for name in errors]
+        other = {k: v for k, v in r.items() if k not in ("name", "passed", "rel_err", "case")}
+        extra = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in other.items())
+        lines.append(f"| {r['name']} | {'yes' if r['passed'] else 'NO'} | " + " | ".join(cells) + f" | {extra} |")
+    return "\n".join(lines)
 
 
 # --- data-driven reading ----------------------------------------------------------------------------------
@@ -434,8 +452,7 @@ def build_report(out: Path) -> str:
     """Read out/raw, write out/report.md and the plots; returns the markdown."""
     raw = out / "raw"
     groups = {g: load_group(raw / g) if (raw / g).exists() else [] for g in GROUPS}
-    bench_files = sorted((raw / "bench").glob("*.json"))
-    bench = json.loads(bench_files[-1].read_text()) if bench_files else None
+    bench = load_bench(raw)
     md = [f"# {out.name}", "", f"Rebuild: `python scripts/report.py --from-raw {_rel(out)}` (reads only `raw/`).", ""]
     md += ["## Setup", "", *_setup_lines(groups["speed"] + groups["ppl"], bench), ""]
     if speed := groups["speed"]:
@@ -452,17 +469,15 @@ def build_report(out: Path) -> str:
         md += ["", *_commands(ppl), "", "Reading:", "", *ppl_reading(ppl), ""]
     if bench:
         anchors = anchors_for(bench["device"], bench["dtype"], bench["tokens_per_call"])
-        md += [
-            "## Attention kernels",
-            "",
-            f"Command: `{bench['command']}`",
-            "",
-            markdown_tables(bench["rows"], anchors),
-        ]
+        md += ["## Attention kernels", "", f"Command: `{bench['command']}`", ""]
+        if bench["rows"]:
+            md.append(markdown_tables(bench["rows"], anchors))
         for head_dim in sorted({r["head_dim"] for r in bench["rows"]}):
             plot_kernels(bench, head_dim, out / f"kernels_d{head_dim}.png")
-            md.append(f"![kernels D={head_dim}](kernels_d{head_dim}.png)")
-        md += ["", "Reading:", "", *kernel_reading(bench), ""]
+            md += [f"![kernels D={head_dim}](kernels_d{head_dim}.png)", ""]
+        if check := bench.get("check"):
+            md += [f"Correctness check ({check['dtype']}, before timing):", "", check_table(check), ""]
+        md += ["Reading:", "", *kernel_reading(bench), ""]
     text = "\n".join(md).rstrip() + "\n"
     (out / "report.md").write_text(text)
     return text
@@ -479,10 +494,8 @@ def readme_tables(out: Path) -> str:
     parts = []
     if (raw / "speed").exists():
         parts.append(throughput_pivot(load_group(raw / "speed")))
-    bench_files = sorted((raw / "bench").glob("*.json"))
-    if bench_files:
-        rows = [r for r in json.loads(bench_files[-1].read_text())["rows"] if r["head_dim"] == 64]
-        parts.append(markdown_tables(rows))
+    if bench := load_bench(raw):
+        parts.append(markdown_tables([r for r in bench["rows"] if r["head_dim"] == 64]))
     return "\n\n".join(parts).rstrip() + "\n"
 
 
