@@ -495,7 +495,8 @@ def readme_tables(out: Path) -> str:
     if (raw / "speed").exists():
         parts.append(throughput_pivot(load_group(raw / "speed")))
     if bench := load_bench(raw):
-        parts.append(markdown_tables([r for r in bench["rows"] if r["head_dim"] == 64]))
+        anchors = anchors_for(bench["device"], bench["dtype"], bench["tokens_per_call"])
+        parts.append(markdown_tables([r for r in bench["rows"] if r["head_dim"] == 64], anchors))
     return "\n\n".join(parts).rstrip() + "\n"
 
 

@@ -10,8 +10,8 @@ Every run gets train.batch_size = eval.batch_size = micro-batch tokens / seq_len
 same number of tokens at every context length (a Hydra -m sweep cannot tie the batch size to seq_len); the
 preset's train.tokens_per_step then derives grad_accum.
 
-    python scripts/sweep.py long_context_speed --budget-min 9
-    python scripts/sweep.py long_context_ppl --attention flash --budget-min 9
+    python scripts/sweep.py long_context_speed --budget-min 8
+    python scripts/sweep.py long_context_ppl --attention flash --budget-min 8
     python scripts/sweep.py long_context_speed --seq-lens 128 model=gpt2-tiny device=cpu   # extra overrides last
 """
 
