@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -220,17 +220,13 @@ def bench_row(row: Row, profile: Profile, timer: Timer) -> Row:
     return row
 
 
-def run_benchmark(args: argparse.Namespace, profile: Profile, timer: Timer) -> list[Row]:
-    rows = []
+def bench_rows(args: argparse.Namespace, profile: Profile, timer: Timer) -> Iterator[Row]:
     for head_dim in args.head_dims:
         for p in args.dropout:
             for seq_len in args.seq_lens:
                 for provider in args.provider:
                     batch = max(1, profile.tokens_per_call // seq_len)
-                    row = Row(provider, seq_len, head_dim, HEADS[head_dim], batch, p)
-                    rows.append(bench_row(row, profile, timer))
-                    print(_progress(row), flush=True)
-    return rows
+                    yield bench_row(Row(provider, seq_len, head_dim, HEADS[head_dim], batch, p), profile, timer)
 
 
 def _progress(row: Row) -> str:
@@ -433,10 +429,9 @@ def _cell_tflops(tflops: dict[str, float]) -> str:
     return " / ".join("-" if math.isnan(tflops[k]) else f"{tflops[k]:.0f}" for k in ("fwd", "bwd", "fwd_bwd"))
 
 
-def _cell(row: Row | dict | None) -> str:
+def _cell(row: dict | None) -> str:
     if row is None:
         return ""
-    row = row if isinstance(row, dict) else asdict(row)
     if row["status"] != "ok":
         return {"oom": "OOM", "skipped": "unsupported"}.get(row["status"], "error")
     mem = f" ({row['peak_extra_gib']:.2f} GiB)" if row["peak_extra_gib"] is not None else ""
@@ -460,13 +455,12 @@ def _anchor_cell(provider: str, rows: list[dict], anchors: dict) -> str:
     return ", ".join(f"{r:.2f}× {t}" for t, r in parts if r is not None)
 
 
-def markdown_tables(rows: Sequence[Row | dict], anchors: dict | None = None) -> str:
+def markdown_tables(rows: Sequence[dict], anchors: dict | None = None) -> str:
     """One table per (head dim, dropout): fwd / bwd / fwd+bwd TFLOP/s (peak extra GiB), as in the anchors.
     With `anchors`, a last column: fwd+bwd vs the anchors (geometric mean over T; flash vs FA2 and cuDNN)."""
-    dicts = [r if isinstance(r, dict) else asdict(r) for r in rows]
     out = []
-    for head_dim, p in sorted({(r["head_dim"], r["dropout"]) for r in dicts}):
-        section = [r for r in dicts if (r["head_dim"], r["dropout"]) == (head_dim, p)]
+    for head_dim, p in sorted({(r["head_dim"], r["dropout"]) for r in rows}):
+        section = [r for r in rows if (r["head_dim"], r["dropout"]) == (head_dim, p)]
         seq_lens = sorted({r["seq_len"] for r in section})
         providers = list(dict.fromkeys(r["provider"] for r in section))
         extra = ["fwd+bwd vs H100 anchors"] if anchors else []
@@ -578,6 +572,11 @@ def out_path(out: Path | None, name: str, date: str) -> Path:
     return (out or ROOT / "results" / "bench_attention") / f"{slug}-{date}.json"
 
 
+def _write_json(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -589,6 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name, date = device_name(), datetime.date.today().isoformat()
     import triton
 
+    out = out_path(args.out, name, date)
     report: dict = {
         "device": name,
         "torch": torch.__version__,
@@ -598,16 +598,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": shlex.join(["python", "scripts/bench_attention.py", *argv]),
         "dtype": str(profile.dtype),
         "tokens_per_call": profile.tokens_per_call,
+        "complete": False,  # rewritten after the check and every row: a killed job keeps what it measured
         "check": run_checks(profile) if args.check or args.check_only else None,
         "rows": [],
     }
+    _write_json(out, report)
     if not args.check_only:
-        rows = run_benchmark(args, profile, cuda_timer if cuda else cpu_timer)
-        report["rows"] = [asdict(r) for r in rows]
-        print("\n" + markdown_tables(rows, anchors_for(name, str(profile.dtype), profile.tokens_per_call)))
-    out = out_path(args.out, name, date)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+        for row in bench_rows(args, profile, cuda_timer if cuda else cpu_timer):
+            print(_progress(row), flush=True)
+            report["rows"].append(asdict(row))
+            _write_json(out, report)
+        print("\n" + markdown_tables(report["rows"], anchors_for(name, str(profile.dtype), profile.tokens_per_call)))
+    report["complete"] = True
+    _write_json(out, report)
     print(f"wrote {out}")
     failed = report["check"] is not None and not report["check"]["passed"]
     if failed:

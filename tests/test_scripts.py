@@ -242,7 +242,7 @@ def test_bench_records_unsupported_providers_and_writes_json(tmp_path: Path) -> 
                       "--dropout", "0.1", "--out", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
-    assert data["command"].startswith("python scripts/bench_attention.py --no-check")
+    assert data["command"].startswith("python scripts/bench_attention.py --no-check") and data["complete"]
     naive, cudnn = data["rows"]
     assert naive["status"] == "ok" and naive["tflops"]["fwd_bwd"] > 0 and naive["batch"] == 4
     assert cudnn["status"] == "skipped" and cudnn["reason"]
