@@ -11,12 +11,16 @@ import matplotlib.image
 import pytest
 import torch
 import yaml
+from hydra import compose, initialize_config_dir
+
+from training.config import grad_accum_steps, register_configs, typed_config, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_attention  # noqa: E402
 import report  # noqa: E402
+import sweep  # noqa: E402
 
 TOKENS_PER_STEP = 32768
 STEPS = 10
@@ -285,3 +289,22 @@ def test_sweep_resumes_records_crashes_and_feeds_the_report(tmp_path: Path) -> N
     text = (tmp_path / "report" / "report.md").read_text()
     assert "| sdpa | 64 | ok |" in text and "| bogus | 64 | crashed |" in text
     assert "- sweep: `python scripts/sweep.py long_context_speed --attention sdpa,bogus" in text
+
+
+@pytest.mark.parametrize(
+    ("preset", "eval_windows_tokens"), [("long_context_speed", 2 * 32768), ("long_context_ppl", 8 * 32768)]
+)
+def test_presets_compose_at_every_swept_length(preset: str, eval_windows_tokens: int) -> None:
+    """What scripts/sweep.py passes composes and validates at every length: one micro-step per optimizer step,
+    GPT-2 124M on long_prose, and every model scored on the same number of held-out tokens."""
+    args = sweep.parse_args([preset])
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        for seq_len in args.seq_lens:
+            overrides = sweep.train_command(args, "flash", seq_len, Path("unused"))[2:-1]  # no program, no run dir
+            config = typed_config(compose("config", overrides=overrides))
+            validate(config)
+            assert (config.model.name, config.data.name, config.seq_len) == ("gpt2", "long_prose", seq_len)
+            assert grad_accum_steps(config.train, seq_len, world_size=1) == 1
+            assert config.eval.steps * config.eval.batch_size * seq_len == eval_windows_tokens
+            assert config.eval.span_len == 16384 and config.checkpoint.every == 0
