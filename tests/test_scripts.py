@@ -1,4 +1,4 @@
-"""scripts/report.py on run dirs written in the trainer's real formats, and scripts/bench_attention.py on the CPU."""
+"""scripts/report.py on run dirs in the trainer's formats; bench_attention.py and sweep.py on the CPU."""
 
 import json
 import math
