@@ -68,7 +68,9 @@ def launch_config(
     """The configuration to launch `kernel_pass` with; `dtype` is 'float16', 'bfloat16' or 'float32'."""
     if interpreting:
         return _INTERPRETER if kernel_pass != "bwd_dkdv" else LaunchConfig(32, 64, 1, 1)
-    key = table_key(kernel_pass, head_dim, dtype, causal, dropout, seq_len_bucket(seq_len))
+    # fp16 tiles cost exactly what bf16 tiles cost, so fp16 shares the bf16 measurements.
+    tuned_dtype = "bfloat16" if dtype == "float16" else dtype
+    key = table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
     tuned = _tuned_table().get(key)
     if tuned is not None:
         return tuned
