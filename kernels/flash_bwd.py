@@ -191,6 +191,10 @@ def flash_bwd_dkdv_kernel(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
+    # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
+    softmax_scale = tl.cast(softmax_scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    dropout_scale = tl.cast(dropout_scale, tl.float32)
     # Causal key tiles near the start see the most query rows: launch them first.
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -374,6 +378,10 @@ def flash_bwd_dq_kernel(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
+    # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
+    softmax_scale = tl.cast(softmax_scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    dropout_scale = tl.cast(dropout_scale, tl.float32)
     # Causal query tiles near the end see the most key tiles: launch them first.
     n_blocks_m = tl.cdiv(seq_len, BLOCK_M)
     pid_m = (n_blocks_m - 1 - tl.program_id(0)) if CAUSAL else tl.program_id(0)

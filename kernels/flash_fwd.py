@@ -136,6 +136,9 @@ def flash_fwd_kernel(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
+    # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    dropout_scale = tl.cast(dropout_scale, tl.float32)
     # Causal row blocks near the end do the most work: launch them first so the tail of the grid is short.
     n_blocks_m = tl.cdiv(seq_len, BLOCK_M)
     pid_m = (n_blocks_m - 1 - tl.program_id(0)) if CAUSAL else tl.program_id(0)
