@@ -1,9 +1,9 @@
 """Tune the FlashAttention launch configurations on this GPU and write the table `kernels/tuning.py` reads.
 
-Each pass (forward, backward dK/dV, backward dQ) is timed on its own, for every candidate tile shape, warp count
+Each pass (the forward, the fused dQ/dK/dV backward) is timed on its own, for every candidate tile shape, warp count
 and pipeline depth, at the benchmark's shapes (B = 16384 // T, H·D = 768 or 2048, causal, bf16). The fastest
 candidate per (pass, head dim, dtype, causal, dropout, T bucket) goes into the table, and the whole measurement
-into a JSON log. Candidates that do not compile (too much shared memory) are skipped.
+into a JSON log (kernel time only: no autograd, no launch gaps). Candidates that do not compile (too much shared memory) are skipped.
 
     python scripts/tune_attention.py --out kernels/tuned_h100.json --log results/tuning/h100.json
 """
@@ -23,7 +23,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.launch import AttentionParams, launch_dkdv, launch_dq, launch_forward, launch_preprocess
+from kernels.launch import AttentionParams, launch_backward, launch_forward, launch_preprocess
 from kernels.tuning import LaunchConfig, table_key
 
 CANDIDATES: dict[str, list[LaunchConfig]] = {
@@ -38,28 +38,17 @@ CANDIDATES: dict[str, list[LaunchConfig]] = {
         LaunchConfig(64, 32, 4, 4),
         LaunchConfig(64, 64, 8, 3),
     ],
-    "bwd_dkdv": [
-        LaunchConfig(32, 128, 4, 3),
-        LaunchConfig(32, 128, 8, 3),
-        LaunchConfig(64, 128, 8, 3),
-        LaunchConfig(64, 128, 8, 2),
-        LaunchConfig(32, 64, 4, 3),
+    "bwd": [
         LaunchConfig(64, 64, 4, 3),
-        LaunchConfig(16, 64, 4, 4),
-        LaunchConfig(16, 128, 4, 3),
+        LaunchConfig(64, 64, 4, 4),
         LaunchConfig(64, 64, 8, 3),
-        LaunchConfig(32, 64, 8, 3),
-    ],
-    "bwd_dq": [
-        LaunchConfig(128, 32, 4, 3),
-        LaunchConfig(128, 32, 8, 3),
-        LaunchConfig(128, 64, 8, 3),
-        LaunchConfig(128, 64, 8, 2),
         LaunchConfig(64, 32, 4, 3),
-        LaunchConfig(64, 64, 4, 3),
-        LaunchConfig(128, 64, 4, 3),
         LaunchConfig(64, 16, 4, 4),
-        LaunchConfig(64, 64, 8, 3),
+        LaunchConfig(128, 64, 8, 3),
+        LaunchConfig(128, 64, 4, 3),
+        LaunchConfig(128, 32, 8, 3),
+        LaunchConfig(128, 32, 4, 3),
+        LaunchConfig(128, 128, 8, 2),
     ],
 }
 HEADS = {32: 24, 64: 12, 128: 16}
@@ -69,7 +58,9 @@ def tflops(flops: float, ms: float) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
-def tune_shape(head_dim: int, seq_len: int, dropout_p: float, dtype: torch.dtype, warmup: int, rep: int) -> dict:
+def tune_shape(
+    head_dim: int, seq_len: int, dropout_p: float, dtype: torch.dtype, passes: list[str], warmup: int, rep: int
+) -> dict:
     """Time every candidate of every pass at one shape; returns {pass: [(config, ms) ...]}."""
     batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
     q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=dtype) for _ in range(4))
@@ -82,12 +73,11 @@ def tune_shape(head_dim: int, seq_len: int, dropout_p: float, dtype: torch.dtype
 
     runners = {
         "fwd": lambda cfg: launch_forward(q, k, v, o, lse, params, cfg),
-        "bwd_dkdv": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg),
-        "bwd_dq": lambda cfg: launch_dq(q, k, v, do, lse, delta, dq, params, cfg),
+        "bwd": lambda cfg: launch_backward(q, k, v, do, lse, delta, dq, dk, dv, params, cfg),
     }
     results = {}
-    for kernel_pass, run in runners.items():
-        timings = []
+    for kernel_pass in passes:
+        run, timings = runners[kernel_pass], []
         for cfg in CANDIDATES[kernel_pass]:
             if head_dim == 128 and cfg.block_m * cfg.block_n > 128 * 64 and cfg.num_stages > 2:
                 continue  # spills or exceeds shared memory at D = 128
@@ -109,6 +99,7 @@ def main() -> None:
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seq-lens", default="1024,2048,4096,8192,16384")
     parser.add_argument("--dropout", default="0,0.1")
+    parser.add_argument("--passes", default="fwd,bwd", help="tune these; keep the table's entries for the others")
     parser.add_argument("--warmup", type=int, default=10, help="ms")
     parser.add_argument("--rep", type=int, default=40, help="ms")
     parser.add_argument("--out", type=Path, default=Path("kernels/tuned_h100.json"))
@@ -118,14 +109,14 @@ def main() -> None:
         sys.exit("tune_attention.py needs a CUDA GPU")
 
     dtype, dtype_name = torch.bfloat16, "bfloat16"
+    passes = args.passes.split(",")
     table = json.loads(args.out.read_text())["configs"] if args.out.exists() else {}
     log = []
     started = time.time()
-    print(f"{'D':>4} {'drop':>5} {'T':>6} | {'fwd TFLOP/s':>11} {'dkdv ms':>8} {'dq ms':>8} | fwd+bwd TFLOP/s  (best)")
     for head_dim in map(int, args.head_dims.split(",")):
         for dropout_p in map(float, args.dropout.split(",")):
             for seq_len in map(int, args.seq_lens.split(",")):
-                results = tune_shape(head_dim, seq_len, dropout_p, dtype, args.warmup, args.rep)
+                results = tune_shape(head_dim, seq_len, dropout_p, dtype, passes, args.warmup, args.rep)
                 batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
                 fwd_flops = 4 * batch * heads * seq_len**2 * head_dim * 0.5
                 best = {}
@@ -141,12 +132,9 @@ def main() -> None:
                             "best": {**vars(cfg), "ms": ms},
                         }
                     )
-                total = best["fwd"] + best["bwd_dkdv"] + best["bwd_dq"]
-                print(
-                    f"{head_dim:>4} {dropout_p:>5} {seq_len:>6} | {tflops(fwd_flops, best['fwd']):>11.0f} "
-                    f"{best['bwd_dkdv']:>8.3f} {best['bwd_dq']:>8.3f} | {tflops(3.5 * fwd_flops, total):>6.0f}",
-                    flush=True,
-                )
+                rates = {"fwd": 1.0, "bwd": 2.5}
+                cells = [f"{p}: {tflops(rates[p] * fwd_flops, ms):.0f} TFLOP/s" for p, ms in best.items()]
+                print(f"D={head_dim} dropout={dropout_p} T={seq_len}: " + ", ".join(cells), flush=True)
 
     meta = {
         "device": torch.cuda.get_device_name(),

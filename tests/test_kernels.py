@@ -107,6 +107,8 @@ def test_low_precision_inputs(dtype, seed):
     check_against_reference(q, k, v, causal=True, tol=LOW_PRECISION_TOL, seed=seed)
 
 
+# The backward's exp2 overflows to inf on masked entries before the mask zeroes them; numpy says so.
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")
 def test_large_logits_stay_finite(seed):
     """Online softmax must not overflow where a naive exp would (scores ~ 1e4). Only the forward is compared:
     with near one-hot probabilities the score gradients are pure cancellation, ill-conditioned in any precision."""
