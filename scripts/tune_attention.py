@@ -3,7 +3,8 @@
 Each pass (the forward, the fused dQ/dK/dV backward) is timed on its own, for every candidate tile shape, warp count
 and pipeline depth, at the benchmark's shapes (B = 16384 // T, H·D = 768 or 2048, causal, bf16). The fastest
 candidate per (pass, head dim, dtype, causal, dropout, T bucket) goes into the table, and the whole measurement
-into a JSON log (kernel time only: no autograd, no launch gaps). Candidates that do not compile (too much shared memory) are skipped.
+into a JSON log (kernel time only: no autograd, no launch gaps). Candidates that do not compile (too much
+shared memory) are skipped.
 
     python scripts/tune_attention.py --out kernels/tuned_h100.json --log results/tuning/h100.json
 """
