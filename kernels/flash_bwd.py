@@ -140,30 +140,41 @@ def _dkdv_tiles(
     return dk, dv
 
 
-@triton.jit
-def _dkdv_program(
-    pid_n,
-    bh,
-    q_head,
-    k_head,
-    v_head,
-    do_head,
-    dk_head,
-    dv_head,
-    lse_row,
-    delta_row,
+@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
+def flash_bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    Delta,
+    DK,
+    DV,
+    stride_qb,
+    stride_qh,
     stride_qt,
     stride_qd,
+    stride_kb,
+    stride_kh,
     stride_kt,
     stride_kd,
+    stride_vb,
+    stride_vh,
     stride_vt,
     stride_vd,
+    stride_dob,
+    stride_doh,
     stride_dot,
     stride_dod,
+    stride_dkb,
+    stride_dkh,
     stride_dkt,
     stride_dkd,
+    stride_dvb,
+    stride_dvh,
     stride_dvt,
     stride_dvd,
+    n_heads,
     seq_len,
     softmax_scale,
     qk_scale,
@@ -180,7 +191,22 @@ def _dkdv_program(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """dK, dV of key tile pid_n (BLOCK_N keys), streaming query tiles of BLOCK_M rows."""
+    # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
+    softmax_scale = tl.cast(softmax_scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    dropout_scale = tl.cast(dropout_scale, tl.float32)
+    # Causal key tiles near the start see the most query rows: launch them first.
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_head = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    v_head = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    lse_row = LSE + bh.to(tl.int64) * seq_len
+    delta_row = Delta + bh.to(tl.int64) * seq_len
+
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -218,15 +244,17 @@ def _dkdv_program(
         dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
 
+    dk_head = DK + b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    dv_head = DV + b.to(tl.int64) * stride_dvb + h.to(tl.int64) * stride_dvh
     dk = dk * softmax_scale
     tl.store(
         dk_head + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd,
-        dk.to(dk_head.dtype.element_ty),
+        dk.to(DK.dtype.element_ty),
         mask=col_ok[:, None],
     )
     tl.store(
         dv_head + offs_n[:, None] * stride_dvt + offs_d[None, :] * stride_dvd,
-        dv.to(dv_head.dtype.element_ty),
+        dv.to(DV.dtype.element_ty),
         mask=col_ok[:, None],
     )
 
@@ -304,85 +332,8 @@ def _dq_tiles(
     return dq
 
 
-@triton.jit
-def _dq_program(
-    pid_m,
-    bh,
-    q_head,
-    k_head,
-    v_head,
-    do_head,
-    dq_head,
-    lse_row,
-    delta_row,
-    stride_qt,
-    stride_qd,
-    stride_kt,
-    stride_kd,
-    stride_vt,
-    stride_vd,
-    stride_dot,
-    stride_dod,
-    stride_dqt,
-    stride_dqd,
-    seq_len,
-    softmax_scale,
-    qk_scale,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
-    dropout_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    """dQ of query tile pid_m (BLOCK_M rows), streaming key tiles of BLOCK_N columns."""
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
-    q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-    do = tl.load(do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * LOG2E
-    delta = tl.load(delta_row + offs_m, mask=row_ok, other=0.0)
-    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-
-    # Same split as the forward: a mask-free bulk of key tiles, then the causal diagonal band or ragged tail.
-    if CAUSAL:
-        unmasked_hi = start_m
-        masked_hi = tl.minimum(start_m + BLOCK_M, seq_len)
-    else:
-        unmasked_hi = (seq_len // BLOCK_N) * BLOCK_N
-        masked_hi = seq_len
-    dq = _dq_tiles(
-        dq, q, do, lse2, delta, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
-        0, unmasked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale,
-        BLOCK_M, BLOCK_N, False, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-    )  # fmt: skip
-    dq = _dq_tiles(
-        dq, q, do, lse2, delta, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
-        unmasked_hi, masked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
-        dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-    )  # fmt: skip
-
-    dq = dq * softmax_scale
-    tl.store(
-        dq_head + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,
-        dq.to(dq_head.dtype.element_ty),
-        mask=row_ok[:, None],
-    )
-
-
 @triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
-def flash_bwd_kernel(
+def flash_bwd_dq_kernel(
     Q,
     K,
     V,
@@ -390,8 +341,6 @@ def flash_bwd_kernel(
     LSE,
     Delta,
     DQ,
-    DK,
-    DV,
     stride_qb,
     stride_qh,
     stride_qt,
@@ -412,14 +361,6 @@ def flash_bwd_kernel(
     stride_dqh,
     stride_dqt,
     stride_dqd,
-    stride_dkb,
-    stride_dkh,
-    stride_dkt,
-    stride_dkd,
-    stride_dvb,
-    stride_dvh,
-    stride_dvt,
-    stride_dvd,
     n_heads,
     seq_len,
     softmax_scale,
@@ -430,51 +371,63 @@ def flash_bwd_kernel(
     dropout_threshold,
     dropout_scale,
     HEAD_DIM: tl.constexpr,
-    BLOCK_OWN: tl.constexpr,
-    BLOCK_STREAM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """One launch for both halves of the backward. Each program owns BLOCK_OWN rows and streams BLOCK_STREAM-row
-    tiles: the first ⌈T/BLOCK_OWN⌉ programs of a head own key tiles (dK, dV), the rest own query tiles (dQ). The
-    two kinds run side by side, so neither waits for the other's tail."""
     # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
     softmax_scale = tl.cast(softmax_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     dropout_scale = tl.cast(dropout_scale, tl.float32)
-    pid = tl.program_id(0)
+    # Causal query tiles near the end see the most key tiles: launch them first.
+    n_blocks_m = tl.cdiv(seq_len, BLOCK_M)
+    pid_m = (n_blocks_m - 1 - tl.program_id(0)) if CAUSAL else tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
-    # Batch/head offsets in int64: B·H·T·D passes 2³¹ at long context. Offsets inside one head stay int32.
     q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_head = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
     v_head = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
     do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-    lse_row = LSE + bh.to(tl.int64) * seq_len
-    delta_row = Delta + bh.to(tl.int64) * seq_len
-    n_tiles = tl.cdiv(seq_len, BLOCK_OWN)
-    if pid < n_tiles:
-        # Causal key tiles near the start see the most query rows: they come first.
-        _dkdv_program(
-            pid, bh, q_head, k_head, v_head, do_head,
-            DK + b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh,
-            DV + b.to(tl.int64) * stride_dvb + h.to(tl.int64) * stride_dvh,
-            lse_row, delta_row, stride_qt, stride_qd, stride_kt, stride_kd, stride_vt, stride_vd,
-            stride_dot, stride_dod, stride_dkt, stride_dkd, stride_dvt, stride_dvd, seq_len, softmax_scale, qk_scale,
-            seed, offset_lo, offset_hi, dropout_threshold, dropout_scale,
-            HEAD_DIM, BLOCK_STREAM, BLOCK_OWN, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-        )  # fmt: skip
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    do = tl.load(do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse2 = tl.load(LSE + bh.to(tl.int64) * seq_len + offs_m, mask=row_ok, other=0.0) * LOG2E
+    delta = tl.load(Delta + bh.to(tl.int64) * seq_len + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+
+    # Same split as the forward: a mask-free bulk of key tiles, then the causal diagonal band or ragged tail.
+    if CAUSAL:
+        unmasked_hi = start_m
+        masked_hi = tl.minimum(start_m + BLOCK_M, seq_len)
     else:
-        # Causal query tiles near the end see the most key tiles: they come first.
-        pid_m = (2 * n_tiles - 1 - pid) if CAUSAL else (pid - n_tiles)
-        _dq_program(
-            pid_m, bh, q_head, k_head, v_head, do_head,
-            DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh,
-            lse_row, delta_row, stride_qt, stride_qd, stride_kt, stride_kd, stride_vt, stride_vd,
-            stride_dot, stride_dod, stride_dqt, stride_dqd, seq_len, softmax_scale, qk_scale,
-            seed, offset_lo, offset_hi, dropout_threshold, dropout_scale,
-            HEAD_DIM, BLOCK_OWN, BLOCK_STREAM, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-        )  # fmt: skip
+        unmasked_hi = (seq_len // BLOCK_N) * BLOCK_N
+        masked_hi = seq_len
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
+        0, unmasked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale,
+        BLOCK_M, BLOCK_N, False, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
+        unmasked_hi, masked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
+        dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+
+    dq_head = DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    dq = dq * softmax_scale
+    tl.store(
+        dq_head + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,
+        dq.to(DQ.dtype.element_ty),
+        mask=row_ok[:, None],
+    )

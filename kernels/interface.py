@@ -7,7 +7,8 @@ import torch
 from .launch import (
     AttentionParams,
     interpreting,
-    launch_backward,
+    launch_dkdv,
+    launch_dq,
     launch_forward,
     launch_preprocess,
     tuned_config,
@@ -99,7 +100,8 @@ class FlashAttentionFunction(torch.autograd.Function):
         delta = torch.empty_like(lse)
         launch_preprocess(o, do, delta)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        launch_backward(q, k, v, do, lse, delta, dq, dk, dv, params, tuned_config("bwd", q, params))
+        launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params))
+        launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params))
         return dq, dk, dv, None, None, None
 
 

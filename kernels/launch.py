@@ -12,7 +12,7 @@ import torch
 import triton
 
 from .dropout import keep_scale, keep_threshold
-from .flash_bwd import flash_bwd_kernel, flash_bwd_preprocess_kernel
+from .flash_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess_kernel
 from .flash_fwd import flash_fwd_kernel
 from .tuning import LaunchConfig, launch_config
 
@@ -62,7 +62,7 @@ def tuned_config(kernel_pass: str, q: torch.Tensor, params: AttentionParams) -> 
         q.shape[2],
         interpreting(),
     )
-    cfg.validate()
+    cfg.validate(kernel_pass)
     return cfg
 
 
@@ -100,13 +100,19 @@ def launch_preprocess(o, do, delta) -> None:
     )
 
 
-def launch_backward(q, k, v, do, lse, delta, dq, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> None:
-    """dq, dk, dv in one launch; cfg.block_m is the tile each program owns, cfg.block_n the tile it streams."""
+def launch_dkdv(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> None:
     batch, heads, seq_len, _ = q.shape
-    flags = _flags(q, params, cfg)
-    flags["BLOCK_OWN"], flags["BLOCK_STREAM"] = flags.pop("BLOCK_M"), flags.pop("BLOCK_N")
-    flash_bwd_kernel[(2 * triton.cdiv(seq_len, cfg.block_m), batch * heads)](
-        q, k, v, do, lse, delta, dq, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
-        heads, seq_len, params.softmax_scale, *params.scalars(), **flags,
+    flash_bwd_dkdv_kernel[(triton.cdiv(seq_len, cfg.block_n), batch * heads)](
+        q, k, v, do, lse, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        heads, seq_len, params.softmax_scale, *params.scalars(), **_flags(q, params, cfg),
+    )  # fmt: skip
+
+
+def launch_dq(q, k, v, do, lse, delta, dq, params: AttentionParams, cfg: LaunchConfig) -> None:
+    batch, heads, seq_len, _ = q.shape
+    flash_bwd_dq_kernel[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
+        q, k, v, do, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        heads, seq_len, params.softmax_scale, *params.scalars(), **_flags(q, params, cfg),
     )  # fmt: skip

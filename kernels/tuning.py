@@ -13,32 +13,33 @@ from pathlib import Path
 
 TUNED_TABLE = Path(__file__).with_name("tuned_h100.json")
 SEQ_LEN_BUCKETS = (1024, 2048, 4096, 8192, 16384)
-PASSES = ("fwd", "bwd")
+PASSES = ("fwd", "bwd_dkdv", "bwd_dq")
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Forward: each program owns block_m query rows and streams key tiles of block_n. Backward: each program owns
-    block_m rows (query rows for dQ, key rows for dK/dV) and streams tiles of block_n of the other kind."""
-
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
 
-    def validate(self) -> None:
-        """Each program walks its diagonal band in steps of the streamed tile, which must divide the owned one."""
-        if self.block_m % self.block_n:
-            raise ValueError(f"streamed tile {self.block_n} must divide owned tile {self.block_m} ({self})")
+    def validate(self, kernel_pass: str) -> None:
+        """Each pass walks its diagonal band in steps of the smaller tile, which must divide the larger."""
+        big, small = (self.block_n, self.block_m) if kernel_pass == "bwd_dkdv" else (self.block_m, self.block_n)
+        if big % small:
+            raise ValueError(f"{kernel_pass}: tile {small} must divide tile {big} ({self})")
 
 
 _DEFAULTS: dict[tuple[str, int], LaunchConfig] = {
     ("fwd", 32): LaunchConfig(128, 64, 4, 3),
     ("fwd", 64): LaunchConfig(128, 64, 4, 3),
     ("fwd", 128): LaunchConfig(128, 64, 8, 3),
-    ("bwd", 32): LaunchConfig(64, 64, 4, 3),
-    ("bwd", 64): LaunchConfig(64, 64, 4, 3),
-    ("bwd", 128): LaunchConfig(128, 64, 8, 3),
+    ("bwd_dkdv", 32): LaunchConfig(32, 128, 4, 3),
+    ("bwd_dkdv", 64): LaunchConfig(32, 128, 4, 3),
+    ("bwd_dkdv", 128): LaunchConfig(32, 128, 8, 3),
+    ("bwd_dq", 32): LaunchConfig(128, 32, 4, 3),
+    ("bwd_dq", 64): LaunchConfig(128, 32, 4, 3),
+    ("bwd_dq", 128): LaunchConfig(128, 32, 8, 3),
 }
 _INTERPRETER = LaunchConfig(64, 32, 1, 1)
 
@@ -66,7 +67,7 @@ def launch_config(
 ) -> LaunchConfig:
     """The configuration to launch `kernel_pass` with; `dtype` is 'float16', 'bfloat16' or 'float32'."""
     if interpreting:
-        return _INTERPRETER
+        return _INTERPRETER if kernel_pass != "bwd_dkdv" else LaunchConfig(32, 64, 1, 1)
     # fp16 tiles cost exactly what bf16 tiles cost, so fp16 shares the bf16 measurements.
     tuned_dtype = "bfloat16" if dtype == "float16" else dtype
     key = table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
