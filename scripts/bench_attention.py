@@ -24,7 +24,6 @@ import json
 import math
 import os
 import re
-import shlex
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cli import command_line, csv_list  # scripts/ is on sys.path when run as a script
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -536,16 +536,12 @@ def cpu_profile() -> Profile:
     )
 
 
-def _csv(cast: type) -> Callable[[str], list]:
-    return lambda text: [cast(x) for x in text.split(",") if x]
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--provider", type=_csv(str), default=list(PROVIDERS), help="comma-separated")
-    parser.add_argument("--seq-lens", type=_csv(int), help="default 1024..16384 (--quick: 1K, 4K; CPU: 64, 128)")
-    parser.add_argument("--head-dims", type=_csv(int), help="default 64,128 (--quick: 64)")
-    parser.add_argument("--dropout", type=_csv(float), help="default 0,0.1 (--quick: 0)")
+    parser.add_argument("--provider", type=csv_list(str), default=list(PROVIDERS), help="comma-separated")
+    parser.add_argument("--seq-lens", type=csv_list(int), help="default 1024..16384 (--quick: 1K, 4K; CPU: 64, 128)")
+    parser.add_argument("--head-dims", type=csv_list(int), help="default 64,128 (--quick: 64)")
+    parser.add_argument("--dropout", type=csv_list(float), help="default 0,0.1 (--quick: 0)")
     parser.add_argument("--quick", action="store_true", help="a fast subset of configs and checks")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--check-only", action="store_true")
@@ -595,7 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
         "date": date,
-        "command": shlex.join(["python", "scripts/bench_attention.py", *argv]),
+        "command": command_line("bench_attention.py", argv),
         "dtype": str(profile.dtype),
         "tokens_per_call": profile.tokens_per_call,
         "complete": False,  # rewritten after the check and every row: a killed job keeps what it measured

@@ -22,28 +22,25 @@ import datetime
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+
+from cli import command_line, csv_list  # scripts/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_FILE = "sweep.log"  # the run's stdout and stderr
-
-
-def _csv(cast: type) -> Callable[[str], list]:
-    return lambda text: [cast(x) for x in text.split(",") if x]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", help="an experiment preset: configs/experiment/<preset>.yaml")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every run")
-    parser.add_argument("--attention", type=_csv(str), default=["naive", "flash", "sdpa"])
-    parser.add_argument("--seq-lens", type=_csv(int), default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--attention", type=csv_list(str), default=["naive", "flash", "sdpa"])
+    parser.add_argument("--seq-lens", type=csv_list(int), default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--micro-batch-tokens", type=int, default=32768, help="tokens per micro-step")
     parser.add_argument("--budget-min", type=float, help="start no run that would end past this many minutes")
     parser.add_argument("--out", type=Path, help="sweep dir (default runs/<preset>)")
@@ -114,7 +111,7 @@ def _summary(name: str, result: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    sweep_command = shlex.join(["python", "scripts/sweep.py", *argv])
+    sweep_command = command_line("sweep.py", argv)
     out = args.out or Path("runs") / args.preset
     grid = [(backend, t) for t in args.seq_lens for backend in args.attention]
     pending = [(b, t) for b, t in grid if not (ROOT / out / f"{b}-{t}" / "result.json").exists()]

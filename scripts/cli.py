@@ -1,0 +1,17 @@
+"""Command-line helpers shared by the scripts (scripts/ is on sys.path when one of them runs as a file)."""
+
+import shlex
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def csv_list(cast: Callable[[str], T]) -> Callable[[str], list[T]]:
+    """An argparse `type` for comma-separated values: csv_list(int)("1024,2048") == [1024, 2048]."""
+    return lambda text: [cast(item) for item in text.split(",") if item]
+
+
+def command_line(script: str, argv: Sequence[str]) -> str:
+    """How the script was invoked, as typed from the repository root: recorded next to what it wrote."""
+    return shlex.join(["python", f"scripts/{script}", *argv])
