@@ -199,10 +199,14 @@ def throughput_pivot(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def _has_speed(run: Run) -> bool:
+    return run.status == "ok" and run.tokens_per_sec is not None
+
+
 def _pivot_cell(run: Run | None) -> str:
     if run is None:
         return ""
-    if run.status != "ok" or run.tokens_per_sec is None:
+    if not _has_speed(run):
         return _status(run)
     mfu = f", MFU {run.mfu:.1%}" if run.mfu is not None else ""
     mem = f", {run.peak_gib:.1f} GiB" if run.peak_gib is not None else ""
@@ -245,11 +249,12 @@ def check_table(check: dict) -> str:
 
 
 def _ratios(runs: list[Run], a: str, b: str) -> str | None:
+    """Tokens/s of backend a over backend b at every T where both have a speed, e.g. "1.20× at T=1024"."""
     table = _by_backend(runs)
     pairs = [
         (t, table[a][t].tokens_per_sec / table[b][t].tokens_per_sec)
         for t in sorted(set(table.get(a, {})) & set(table.get(b, {})))
-        if table[a][t].status == table[b][t].status == "ok"
+        if _has_speed(table[a][t]) and _has_speed(table[b][t])
     ]
     return ", ".join(f"{ratio:.2f}× at T={t}" for t, ratio in pairs) or None
 
@@ -321,6 +326,14 @@ def _log2_x(ax: plt.Axes, seq_lens: list[int]) -> None:
     ax.grid(alpha=0.3)
 
 
+def _context_axes(ax: plt.Axes, seq_lens: list[int], ylabel: str) -> None:
+    """The axes of a per-run plot: context length on a log2 x axis, one line per backend."""
+    _log2_x(ax, seq_lens)
+    ax.set_xlabel("context length T")
+    ax.set_ylabel(ylabel)
+    ax.legend()
+
+
 def _save(fig: plt.Figure, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -331,16 +344,13 @@ def plot_throughput(runs: list[Run], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     seq_lens = sorted({r.seq_len for r in runs})
     for backend, by_t in _by_backend(runs).items():
-        ok = [(t, r) for t, r in sorted(by_t.items()) if r.status == "ok" and r.tokens_per_sec is not None]
+        ok = [(t, r) for t, r in sorted(by_t.items()) if _has_speed(r)]
         axes[0].plot([t for t, _ in ok], [r.tokens_per_sec for _, r in ok], "o-", label=backend)
         with_mfu = [(t, r.mfu) for t, r in ok if r.mfu is not None]
         axes[1].plot([t for t, _ in with_mfu], [100 * m for _, m in with_mfu], "o-", label=backend)
     for ax, ylabel in zip(axes, ("tokens/s (steady-state median)", "MFU (%)"), strict=True):
-        _log2_x(ax, seq_lens)
-        ax.set_xlabel("context length T")
-        ax.set_ylabel(ylabel)
+        _context_axes(ax, seq_lens, ylabel)
         ax.set_ylim(bottom=0)
-        ax.legend()
     _save(fig, path)
 
 
@@ -363,10 +373,7 @@ def plot_memory(runs: list[Run], path: Path) -> None:
         ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    _log2_x(ax, sorted({r.seq_len for r in runs}))
-    ax.set_xlabel("context length T")
-    ax.set_ylabel("peak allocated GiB (log)")
-    ax.legend()
+    _context_axes(ax, sorted({r.seq_len for r in runs}), "peak allocated GiB (log)")
     _save(fig, path)
 
 
@@ -378,10 +385,7 @@ def plot_perplexity(runs: list[Run], path: Path) -> None:
     tokens = {r.tokens for r in runs if r.tokens}
     budget = f"{tokens.pop():,} training tokens" if len(tokens) == 1 else "see table for tokens seen"
     ax.set_title(f"validation perplexity ({budget})", fontsize=10)
-    _log2_x(ax, sorted({r.seq_len for r in runs}))
-    ax.set_xlabel("context length T")
-    ax.set_ylabel("validation perplexity")
-    ax.legend()
+    _context_axes(ax, sorted({r.seq_len for r in runs}), "validation perplexity")
     _save(fig, path)
 
 
