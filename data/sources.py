@@ -192,10 +192,7 @@ def _kjv_books(dump: str) -> dict[str, str]:
             next(reversed(lines_by_book.values())).append(line)
     n_verses = sum(1 for line in dump.splitlines() if _KJV_VERSE.match(line))
     books = list(lines_by_book)
-    if (len(books), n_verses) != (N_KJV_BOOKS, N_KJV_VERSES) or (books[0], books[-1]) != (
-        "Genesis",
-        "Revelation",
-    ):
+    if len(books) != N_KJV_BOOKS or n_verses != N_KJV_VERSES or (books[0], books[-1]) != ("Genesis", "Revelation"):
         raise ValueError(
             f"the KJV reader printed {len(books)} books and {n_verses} verses, expected {N_KJV_BOOKS} books "
             f"(Genesis..Revelation) and {N_KJV_VERSES} verses; the Debian package format may have changed."

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from anywhere, like train.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
 
 from data.config import SOURCE_NAMES, DataConfig, check_data_config
 from data.shards import open_shards, prepare_shards, shard_dir
@@ -52,8 +52,7 @@ def _parse_value(raw: str) -> Any:
 
 
 def main() -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="data=NAME and data.FIELD=VALUE (see data/config.py)")
     parser.add_argument("--force", action="store_true", help="tokenize again even if the shards exist")
     args = parser.parse_args()
@@ -64,11 +63,8 @@ def main() -> None:
     existed = (shard_dir(cfg) / "meta.json").is_file()
     try:
         directory = prepare_shards(cfg, force=args.force)
-    except (
-        FileNotFoundError,
-        ValueError,
-    ) as err:  # missing data or a bad config: the message says what to do
-        sys.exit(f"error: {err}")
+    except (FileNotFoundError, ValueError) as err:
+        sys.exit(f"error: {err}")  # missing data or a bad config: the message says what to do
     meta = open_shards(directory).meta
     size_mib = sum(f.stat().st_size for f in directory.iterdir()) / 2**20
     n_docs, n_tokens = meta["n_docs"], meta["n_tokens"]
