@@ -36,7 +36,7 @@ class NaiveAttention(InnerAttention):
 class FlashAttention(InnerAttention):
     """The project's fused Triton kernel (kernels/): tiled online softmax, O(T) memory, dropout in-kernel."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         # Imported here rather than at the top so that prepare_backend can switch the Triton interpreter on
         # (for CPU runs) before the kernels are defined.
@@ -63,6 +63,7 @@ ATTENTION_BACKENDS: dict[str, type[InnerAttention]] = {
 
 
 def build_attention(name: str) -> InnerAttention:
+    """A fresh backend by its config name (attention.name)."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
     return ATTENTION_BACKENDS[name]()

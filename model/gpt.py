@@ -29,9 +29,13 @@ class ModelConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention: str):
+    def __init__(self, cfg: ModelConfig, attention: str) -> None:
         super().__init__()
-        assert cfg.d_model % cfg.n_head == 0, "d_model must be divisible by n_head"
+        if cfg.d_model % cfg.n_head:
+            raise ValueError(
+                f"d_model={cfg.d_model} is not divisible by n_head={cfg.n_head}; pick n_head so that the head dim "
+                "d_model / n_head is a whole number (64 in every GPT-2 size)"
+            )
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v in one matmul
@@ -52,7 +56,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model, bias=cfg.bias)
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
@@ -64,7 +68,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention: str):
+    def __init__(self, cfg: ModelConfig, attention: str) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg, attention)
@@ -77,7 +81,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, block_size: int, attention: str):
+    def __init__(self, cfg: ModelConfig, block_size: int, attention: str) -> None:
         """block_size: the longest context, which sizes the learned position embeddings (the run's seq_len)."""
         super().__init__()
         self.cfg = cfg
@@ -117,11 +121,11 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(self.ln_f(x))  # (B, T, V)
 
-    def num_params(self, exclude_embeddings: bool = True) -> int:
-        """Parameter count; exclude_embeddings drops the position table only: the token table is also the output
-        head's weight (tied), a real matmul per token, so it stays in N as in the GPT-2 and Chinchilla counts."""
+    def num_params(self, exclude_position_embeddings: bool = True) -> int:
+        """Parameter count N, by default without the position table (a lookup, no FLOPs). The token table stays:
+        tied to the output head, it is also a real matmul per token, as in the GPT-2 and Chinchilla counts."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if exclude_embeddings else n
+        return n - self.wpe.weight.numel() if exclude_position_embeddings else n
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs (forward + backward) per token at context seq_len: 6N for the weight matmuls plus

@@ -40,17 +40,35 @@ def test_backends_agree_on_logits_and_gradients():
             torch.testing.assert_close(grad, ref_grads[name], **GRAD_TOL, msg=f"{backend} grad of {name}")
 
 
-def test_attention_dropout_only_in_training_mode():
-    model = tiny_gpt("sdpa", dropout=0.5)
+@pytest.mark.parametrize("backend", sorted(ATTENTION_BACKENDS))
+def test_attention_dropout_only_in_training_mode(backend):
+    model = tiny_gpt(backend, dropout=0.5)
     idx = torch.randint(0, 50257, (1, SEQ_LEN))
     assert not torch.equal(model(idx), model(idx))  # training: fresh masks each call
     model.eval()
     assert torch.equal(model(idx), model(idx))
+    torch.testing.assert_close(model(idx), tiny_gpt("naive", dropout=0.5).eval()(idx), **LOGITS_TOL)
+
+
+def test_inner_attention_dropout_is_applied_by_the_backend():
+    """Every backend drops attention probabilities when given dropout_p > 0, and is deterministic at 0."""
+    q, k, v = torch.randn(3, 1, 2, SEQ_LEN, 64).unbind(0)
+    for name in ATTENTION_BACKENDS:
+        inner = build_attention(name)
+        exact = inner(q, k, v, causal=True, dropout_p=0.0, scale=0.125)
+        dropped = inner(q, k, v, causal=True, dropout_p=0.5, scale=0.125)
+        assert not torch.allclose(exact, dropped), name
+        torch.testing.assert_close(exact, inner(q, k, v, causal=True, dropout_p=0.0, scale=0.125), msg=name)
 
 
 def test_context_longer_than_the_model_is_a_value_error():
     with pytest.raises(ValueError, match=r"context of 65 tokens is longer than the model's 64"):
         tiny_gpt("naive")(torch.zeros(1, SEQ_LEN + 1, dtype=torch.long))
+
+
+def test_head_dim_must_be_whole():
+    with pytest.raises(ValueError, match=r"d_model=128 is not divisible by n_head=3; pick n_head"):
+        GPT(ModelConfig(name="odd", n_layer=1, n_head=3, d_model=128), SEQ_LEN, "naive")
 
 
 def test_unknown_backend_lists_the_choices():
@@ -62,7 +80,7 @@ def test_unknown_backend_lists_the_choices():
 def test_gpt2_parameter_count_and_flops():
     with torch.device("meta"):  # shapes only: no memory, no init cost
         model = GPT(GPT2, 1024, "sdpa")
-    assert model.num_params(exclude_embeddings=False) == 124_475_904  # with the padded 50304-token vocab
+    assert model.num_params(exclude_position_embeddings=False) == 124_475_904  # with the padded 50304-token vocab
     assert model.num_params() == 124_475_904 - 1024 * 768  # position table excluded, tied token table kept
     assert model.flops_per_token(1024) == 6 * 123_689_472 + 6 * 12 * 768 * 1024
 
@@ -71,13 +89,21 @@ def test_weights_are_tied_and_initialised_like_gpt2():
     model = GPT(ModelConfig(name="init", n_layer=4, n_head=4, d_model=256), 16, "naive")
     assert model.lm_head.weight is model.wte.weight
     residual_std = 0.02 / math.sqrt(2 * 4)
+    checked = set()
     for name, param in model.named_parameters():
-        if name.endswith("proj.weight"):
+        kind = ".".join(name.split(".")[-2:])  # e.g. "proj.weight" for blocks.0.attn.proj.weight
+        if kind == "proj.weight":  # attn.proj and mlp.proj write into the residual stream
             assert param.std().item() == pytest.approx(residual_std, rel=0.05), name
-        elif name.endswith("fc.weight") or name.endswith("qkv.weight"):
+        elif kind in ("fc.weight", "qkv.weight", "wte.weight", "wpe.weight"):
             assert param.std().item() == pytest.approx(0.02, rel=0.05), name
-        elif name.endswith("bias"):
+        elif kind.endswith(".bias"):
             assert not param.any(), name
+        elif kind in ("ln_1.weight", "ln_2.weight", "ln_f.weight"):
+            assert torch.equal(param, torch.ones_like(param)), name
+        else:
+            pytest.fail(f"no expectation for {name}")
+        checked.add(kind)
+    assert {"proj.weight", "fc.weight", "qkv.weight", "wte.weight", "wpe.weight", "ln_1.weight"} <= checked
 
 
 def test_weight_decay_applies_to_matrices_only():
@@ -87,4 +113,5 @@ def test_weight_decay_applies_to_matrices_only():
     assert decayed["weight_decay"] == 0.1 and not_decayed["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decayed["params"])
     assert all(p.dim() == 1 for p in not_decayed["params"])
-    assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == model.num_params(False)
+    n_optimized = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+    assert n_optimized == model.num_params(exclude_position_embeddings=False)
