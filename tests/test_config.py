@@ -39,13 +39,8 @@ def load(*overrides: str) -> Config:
 
 def test_defaults_compose_to_gpt2_with_flash():
     cfg = load()
-    assert (cfg.model.name, cfg.model.n_layer, cfg.model.d_model, cfg.model.vocab_size) == (
-        "gpt2",
-        12,
-        768,
-        50304,
-    )
-    assert cfg.attention.name == "flash"
+    assert (cfg.model.name, cfg.model.n_layer, cfg.model.d_model, cfg.model.vocab_size) == ("gpt2", 12, 768, 50304)
+    assert cfg.attention.name == "flash" and cfg.seq_len == 1024
     assert cfg.data.name == "shakespeare"
     assert cfg.wandb.mode is WandbMode.offline and cfg.device is Device.auto and cfg.resume is None
     validate(cfg)
@@ -57,6 +52,20 @@ def test_the_contract_command_line_composes():
     assert (cfg.eval.every, cfg.checkpoint.every, cfg.log.every) == (10, 10, 1)
     assert cfg.wandb.mode is WandbMode.disabled and cfg.device is Device.cpu
     validate(cfg)
+
+
+def test_quickstart_preset_is_a_short_cpu_job_with_flash():
+    """configs/experiment/quickstart.yaml: what a new user runs first, without a GPU (the flash-on-CPU training
+    path itself is run end to end in test_train.py)."""
+    cfg = load("experiment=quickstart")
+    validate(cfg)
+    assert (cfg.model.name, cfg.attention.name, cfg.data.name) == ("gpt2-tiny", "flash", "shakespeare")
+    assert cfg.device is Device.auto and cfg.wandb.mode is WandbMode.offline and cfg.resume is None
+    tokens = cfg.train.max_steps * cfg.train.batch_size * cfg.seq_len * grad_accum_steps(cfg.train, cfg.seq_len, 1)
+    assert tokens <= 35_000  # flash in the Triton interpreter trains ~200 tokens/s on 2 CPU cores: a few minutes
+    assert cfg.checkpoint.every == cfg.train.max_steps  # one checkpoint, after the last step
+    assert 0 < cfg.eval.every <= cfg.train.max_steps and cfg.train.warmup_steps < cfg.train.max_steps
+    assert load("experiment=quickstart", "train.max_steps=200").checkpoint.every == 200  # follows max_steps
 
 
 @pytest.mark.parametrize("model", ["gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"])
@@ -113,6 +122,11 @@ def test_wrongly_typed_value_fails_at_composition(override):
         (["train.lr=0"], r"train.lr=0.0 must be positive"),
         (["train.stop_at_step=0"], r"train.stop_at_step=0 must be in \[1, train.max_steps=1000\]"),
         (["checkpoint.every=-1"], r"checkpoint.every=-1 must be >= 0"),
+        (["eval.every=-5"], r"eval.every=-5 must be >= 0"),
+        (["train.grad_clip=-1"], r"train.grad_clip=-1.0 must be >= 0"),
+        (["train.warmup_steps=-1"], r"train.warmup_steps=-1 must be >= 0"),
+        (["train.min_lr=1e-2"], r"train.min_lr=0.01 must be in \[0, train.lr=0.0006\]"),
+        (["log.every=0"], r"log.every=0 must be positive"),
     ],
 )
 def test_validate_rejects_bad_values_with_a_clear_message(overrides, message):

@@ -14,6 +14,7 @@ LATEST = "latest.pt"
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
+    """Where a run keeps its checkpoint: <run dir>/checkpoints."""
     return run_dir / "checkpoints"
 
 
@@ -69,5 +70,8 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
         return latest if latest.exists() else None
     path = Path(resume)
     if not path.is_file():
-        raise FileNotFoundError(f"resume={resume}: no such checkpoint file")
+        raise FileNotFoundError(
+            f"resume={resume}: no such checkpoint file; pass a checkpoint's path (<run dir>/checkpoints/{LATEST}), "
+            "resume=auto to continue the run dir's own if there is one, or resume=null to start fresh"
+        )
     return path

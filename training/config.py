@@ -138,9 +138,18 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ValueError(f"{key}={value} must be positive")
-    for key, value in {"eval.every": cfg.eval.every, "checkpoint.every": cfg.checkpoint.every}.items():
+    non_negative = {
+        "train.warmup_steps": cfg.train.warmup_steps,
+        "train.weight_decay": cfg.train.weight_decay,
+        "train.grad_clip": cfg.train.grad_clip,  # a negative norm would flip the gradients, not bound them
+        "eval.every": cfg.eval.every,
+        "checkpoint.every": cfg.checkpoint.every,
+    }
+    for key, value in non_negative.items():
         if value < 0:
             raise ValueError(f"{key}={value} must be >= 0")
+    if cfg.train.min_lr is not None and not 0 <= cfg.train.min_lr <= cfg.train.lr:
+        raise ValueError(f"train.min_lr={cfg.train.min_lr} must be in [0, train.lr={cfg.train.lr}] (null: lr / 10)")
 
 
 def grad_accum_steps(train: TrainConfig, seq_len: int, world_size: int) -> int:

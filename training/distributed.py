@@ -41,6 +41,7 @@ def resolve_device(requested: str, local_rank: int) -> torch.device:
 
 
 def init_distributed(requested_device: str) -> DistContext:
+    """This process's rank and device, joining the process group when torchrun started several."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -7,9 +7,10 @@ _BYTES_PER_UNIT = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 
 
 
 class NonFiniteLossError(RuntimeError):
-    def __init__(self, what: str, value: float, step: int):
+    """The loss or the gradient norm of a step is nan or inf; raised before the optimizer applies it."""
+
+    def __init__(self, what: str, value: float, step: int) -> None:
         super().__init__(f"{what} became {value} at step {step}")
-        self.step = step
 
 
 def oom_request_gib(message: str) -> float | None:

@@ -67,8 +67,9 @@ def run(cfg: DictConfig, run_dir: Path) -> str:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, resolved_cfg: dict[str, Any], run_dir: Path, ctx: DistContext):
-        self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
+    def __init__(self, cfg: Config, resolved_cfg: dict[str, Any], run_dir: Path, ctx: DistContext) -> None:
+        """Build data, model, optimizer and logger from `cfg` (resolved_cfg: the same, as saved in checkpoints)."""
+        self.cfg, self.resolved_cfg, self.run_dir, self.ctx = cfg, resolved_cfg, run_dir, ctx
         device = ctx.device
         self.grad_accum = grad_accum_steps(cfg.train, cfg.seq_len, ctx.world_size)
         self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * ctx.world_size
@@ -106,7 +107,6 @@ class Trainer:
         if ctx.is_distributed:
             model = DistributedDataParallel(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
         self.model = model
-        self.resolved_cfg = resolved_cfg
         self.metrics = (
             MetricsLogger(run_dir, cfg.wandb, resolved_cfg, resume_step=self.step, wandb_id=wandb_id)
             if ctx.is_main
@@ -145,8 +145,10 @@ class Trainer:
         return state["wandb_run_id"]
 
     def train(self) -> str:
+        """Train to the last step (or stop_at_step), evaluating, logging and checkpointing on schedule; returns the
+        status written to result.json: "ok", or "nan" / "oom" when the run ended early."""
         cfg = self.cfg
-        last_step = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
+        last_step = cfg.train.stop_at_step or cfg.train.max_steps  # validate: stop_at_step <= max_steps
         progress = tqdm(
             total=last_step, initial=self.step, disable=not self.ctx.is_main, desc="train", dynamic_ncols=True
         )
@@ -270,7 +272,7 @@ class Trainer:
         if self.metrics:
             if status != "ok":
                 self._log({"status": status, **details})
-            self.metrics.finish(result, self.run_dir)
+            self.metrics.finish(result)
         return status
 
 

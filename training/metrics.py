@@ -24,10 +24,11 @@ class MetricsLogger:
         config: dict[str, Any],
         resume_step: int,
         wandb_id: str | None,
-    ):
+    ) -> None:
         """A run that starts at `resume_step` (0 when fresh) keeps the metrics.jsonl lines up to that step: later
         ones, if any, were written after its checkpoint and are about to be recomputed. wandb continues the run
         `wandb_id` when given (a resumed run), else starts a new one."""
+        self.run_dir = run_dir
         self.path = run_dir / METRICS_FILE
         if self.path.exists():
             lines = self.path.read_text().splitlines()
@@ -52,9 +53,9 @@ class MetricsLogger:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
         self.run.log(_flatten(metrics), step=step)
 
-    def finish(self, result: dict[str, Any], run_dir: Path) -> None:
+    def finish(self, result: dict[str, Any]) -> None:
         """Write result.json, copy it into the wandb run summary, close the wandb run."""
-        (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+        (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
         self.run.summary.update(_flatten(result))
         self.run.finish(exit_code=1 if result["status"] == "nan" else 0)  # an OOM is a result, not a crash
 
