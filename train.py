@@ -1,6 +1,7 @@
 """Train GPT-2 with a chosen attention backend: the Hydra entry point (configs/config.yaml).
 
 Examples:
+- python train.py experiment=quickstart (the first run: a few minutes on a CPU, configs/experiment/quickstart.yaml)
 - python train.py model=gpt2-tiny attention=flash data=shakespeare seq_len=128 device=cpu
 - python train.py ... resume=auto (continue the run dir's latest checkpoint)
 - python train.py -m attention=naive,flash,sdpa seq_len=1024,4096,16384 (a sweep)

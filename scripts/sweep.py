@@ -80,6 +80,7 @@ def run_one(command: list[str], run_dir: Path, backend: str, seq_len: int, sweep
     clock = time.monotonic()
     with (run_dir / LOG_FILE).open("w") as log:
         env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+        # `command` is recorded as typed ("python train.py ..."); it runs under this interpreter
         returncode = subprocess.run(
             [sys.executable, *command[1:]], cwd=ROOT, stdout=log, stderr=log, env=env
         ).returncode
