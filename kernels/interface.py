@@ -66,10 +66,9 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: 
 def _rng_seed_and_offset(device: torch.device) -> tuple[int, int]:
     """Key and counter offset for this call's dropout mask, drawn from PyTorch's default generator.
 
-    On CUDA we take the generator's Philox seed and advance its offset by 4 (its granularity), as PyTorch's own dropout
-    does, without a
-    device sync; on the CPU we draw both from the CPU generator. Either way `torch.manual_seed` and the
-    generator's saved state make the mask reproducible.
+    On CUDA we take the generator's Philox seed and advance its offset by 4 (its granularity), as PyTorch's own
+    dropout does, without a device sync; on the CPU we draw both from the CPU generator. Either way
+    `torch.manual_seed` and the generator's saved state make the mask reproducible.
     """
     if device.type == "cuda":
         gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
