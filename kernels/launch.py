@@ -4,6 +4,7 @@
 candidates. Inputs are assumed valid (checked once in `interface.py`).
 """
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -52,7 +53,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+@functools.cache
+def _is_hopper(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
 def tuned_config(kernel_pass: str, q: torch.Tensor, params: AttentionParams) -> LaunchConfig:
+    hopper = q.is_cuda and _is_hopper(q.device.index if q.device.index is not None else torch.cuda.current_device())
     cfg = launch_config(
         kernel_pass,
         q.shape[-1],
@@ -60,7 +67,8 @@ def tuned_config(kernel_pass: str, q: torch.Tensor, params: AttentionParams) -> 
         params.causal,
         params.dropout,
         q.shape[2],
-        interpreting(),
+        interpreting=interpreting(),
+        hopper=hopper,
     )
     cfg.validate(kernel_pass)
     return cfg

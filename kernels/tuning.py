@@ -63,17 +63,29 @@ def _tuned_table() -> dict[str, LaunchConfig]:
 
 
 def launch_config(
-    kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, seq_len: int, interpreting: bool
+    kernel_pass: str,
+    head_dim: int,
+    dtype: str,
+    causal: bool,
+    dropout: bool,
+    seq_len: int,
+    *,
+    interpreting: bool,
+    hopper: bool,
 ) -> LaunchConfig:
-    """The configuration to launch `kernel_pass` with; `dtype` is 'float16', 'bfloat16' or 'float32'."""
+    """The configuration to launch `kernel_pass` with; `dtype` is 'float16', 'bfloat16' or 'float32'.
+
+    The table was measured on an H100 and is used on Hopper GPUs only: its largest tiles would not fit the shared
+    memory of smaller chips."""
     if interpreting:
         return _INTERPRETER if kernel_pass != "bwd_dkdv" else LaunchConfig(32, 64, 1, 1)
-    # fp16 tiles cost exactly what bf16 tiles cost, so fp16 shares the bf16 measurements.
-    tuned_dtype = "bfloat16" if dtype == "float16" else dtype
-    key = table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
-    tuned = _tuned_table().get(key)
-    if tuned is not None:
-        return tuned
+    if hopper:
+        # fp16 tiles cost exactly what bf16 tiles cost, so fp16 shares the bf16 measurements.
+        tuned_dtype = "bfloat16" if dtype == "float16" else dtype
+        key = table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
+        tuned = _tuned_table().get(key)
+        if tuned is not None:
+            return tuned
     default = _DEFAULTS[(kernel_pass, max(32, head_dim))]
     if dtype == "float32":  # fp32 tiles take twice the shared memory
         return LaunchConfig(default.block_m // 2 or 16, default.block_n // 2 or 16, default.num_warps, 2)
