@@ -17,6 +17,7 @@ The price is recomputing S and dP in both, 7 matrix products instead of 5.
 import triton
 import triton.language as tl
 
+from .addressing import head_start
 from .dropout import dropout_keep_mask
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -47,8 +48,8 @@ def flash_bwd_preprocess_kernel(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len
-    o_ptrs = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    do_ptrs = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    o_ptrs = head_start(O, b, h, stride_ob, stride_oh)
+    do_ptrs = head_start(DO, b, h, stride_dob, stride_doh)
     o = tl.load(o_ptrs + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
     do = tl.load(do_ptrs + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
@@ -200,10 +201,10 @@ def flash_bwd_dkdv_kernel(
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
-    q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_head = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    v_head = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-    do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    q_head = head_start(Q, b, h, stride_qb, stride_qh)
+    k_head = head_start(K, b, h, stride_kb, stride_kh)
+    v_head = head_start(V, b, h, stride_vb, stride_vh)
+    do_head = head_start(DO, b, h, stride_dob, stride_doh)
     lse_row = LSE + bh.to(tl.int64) * seq_len
     delta_row = Delta + bh.to(tl.int64) * seq_len
 
@@ -244,8 +245,8 @@ def flash_bwd_dkdv_kernel(
         dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
 
-    dk_head = DK + b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
-    dv_head = DV + b.to(tl.int64) * stride_dvb + h.to(tl.int64) * stride_dvh
+    dk_head = head_start(DK, b, h, stride_dkb, stride_dkh)
+    dv_head = head_start(DV, b, h, stride_dvb, stride_dvh)
     dk = dk * softmax_scale
     tl.store(
         dk_head + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd,
@@ -388,10 +389,10 @@ def flash_bwd_dq_kernel(
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
-    q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_head = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    v_head = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-    do_head = DO + b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    q_head = head_start(Q, b, h, stride_qb, stride_qh)
+    k_head = head_start(K, b, h, stride_kb, stride_kh)
+    v_head = head_start(V, b, h, stride_vb, stride_vh)
+    do_head = head_start(DO, b, h, stride_dob, stride_doh)
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -424,7 +425,7 @@ def flash_bwd_dq_kernel(
         dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
 
-    dq_head = DQ + b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    dq_head = head_start(DQ, b, h, stride_dqb, stride_dqh)
     dq = dq * softmax_scale
     tl.store(
         dq_head + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,

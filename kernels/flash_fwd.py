@@ -17,6 +17,7 @@ scaled scores, which is all the backward needs to rebuild the probabilities: P =
 import triton
 import triton.language as tl
 
+from .addressing import head_start
 from .dropout import dropout_keep_mask
 
 LN2 = tl.constexpr(0.6931471805599453)
@@ -146,11 +147,10 @@ def flash_fwd_kernel(
     b = bh // n_heads
     h = bh % n_heads
 
-    # Batch/head offsets in int64: B·H·T·D passes 2³¹ at long context. Offsets inside one head stay int32.
-    q_head = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_head = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    v_head = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-    o_head = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    q_head = head_start(Q, b, h, stride_qb, stride_qh)
+    k_head = head_start(K, b, h, stride_kb, stride_kh)
+    v_head = head_start(V, b, h, stride_vb, stride_vh)
+    o_head = head_start(O, b, h, stride_ob, stride_oh)
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
