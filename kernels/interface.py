@@ -42,7 +42,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: 
     if q.device.type == "cpu" and not interpreting():
         raise ValueError(
             "flash_attention: q is a CPU tensor; the kernel needs CUDA tensors, or TRITON_INTERPRET=1 set before "
-            "`kernels` is first imported to run through the Triton interpreter"
+            "`flashgpt.kernels` is first imported to run through the Triton interpreter"
         )
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"flash_attention: unsupported device {q.device}; use CUDA (or CPU when interpreting)")

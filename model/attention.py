@@ -40,7 +40,7 @@ class FlashAttention(InnerAttention):
         super().__init__()
         # Imported here rather than at the top so that prepare_backend can switch the Triton interpreter on
         # (for CPU runs) before the kernels are defined.
-        from kernels import flash_attention
+        from flashgpt.kernels import flash_attention
 
         self.flash_attention = flash_attention
 
@@ -72,12 +72,12 @@ def build_attention(name: str) -> InnerAttention:
 def prepare_backend(name: str, device: torch.device) -> bool:
     """Make `name` runnable on `device`; returns True when flash will run through the (slow) Triton interpreter.
 
-    Triton reads TRITON_INTERPRET when a kernel is defined, i.e. when `kernels` is imported, so the variable has
-    to be set before that first import, which FlashAttention makes when it is built.
+    Triton reads TRITON_INTERPRET when a kernel is defined, i.e. when `flashgpt.kernels` is imported, so the
+    variable has to be set before that first import, which FlashAttention makes when it is built.
     """
     if name != "flash" or device.type == "cuda":
         return False
-    if "kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("`kernels` was imported before TRITON_INTERPRET=1 was set; flash cannot run on CPU")
+    if "flashgpt.kernels" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("`flashgpt.kernels` was imported before TRITON_INTERPRET=1 was set; flash cannot run on CPU")
     os.environ["TRITON_INTERPRET"] = "1"
     return True

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from model.attention import build_attention
+from flashgpt.model.attention import build_attention
 
 
 @dataclass

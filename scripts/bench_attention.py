@@ -95,7 +95,7 @@ class Row:
 @functools.cache
 def _flash_kernel() -> Callable[..., Tensor]:
     sys.path.insert(0, str(ROOT))
-    from kernels import flash_attention
+    from flashgpt.kernels import flash_attention
 
     return flash_attention
 

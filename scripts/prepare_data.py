@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
 
-from data.config import SOURCE_NAMES, DataConfig, check_data_config
-from data.shards import open_shards, prepare_shards, shard_dir
+from flashgpt.data.config import SOURCE_NAMES, DataConfig, check_data_config
+from flashgpt.data.shards import open_shards, prepare_shards, shard_dir
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "data"
 

@@ -24,8 +24,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.launch import AttentionParams, launch_dkdv, launch_dq, launch_forward, launch_preprocess
-from kernels.tuning import LaunchConfig, table_key
+from flashgpt.kernels.launch import AttentionParams, launch_dkdv, launch_dq, launch_forward, launch_preprocess
+from flashgpt.kernels.tuning import LaunchConfig, table_key
 
 CANDIDATES: dict[str, list[LaunchConfig]] = {
     "fwd": [

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigKeyError
 
-from training.config import (
+from flashgpt.training.config import (
     Config,
     Device,
     WandbMode,

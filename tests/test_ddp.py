@@ -1,9 +1,9 @@
 """DDP under torchrun: two CPU processes on gloo train like one process with the same global batch."""
 
 import torch
-from training_runs import assert_ok, read_metrics, read_result, train
 
-from training.checkpoint import load_checkpoint
+from flashgpt.training.checkpoint import load_checkpoint
+from training_runs import assert_ok, read_metrics, read_result, train
 
 # Gradients are averaged across ranks by gloo's all-reduce instead of summed inside one matmul: the same
 # numbers in another order. Measured: 1e-6 on a loss of 10 and 2e-7 on the gradient norm after 4 steps.

@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from kernels import flash_attention
-from kernels.dropout import keep_scale
+from flashgpt.kernels import flash_attention
+from flashgpt.kernels.dropout import keep_scale
 
 FP32_TOL = 1e-5  # the interpreter's fp32 products are exact; what remains is summation order
 LOW_PRECISION_TOL = 2e-2  # bf16/fp16 inputs, outputs and probabilities rounded to 8/11 mantissa bits

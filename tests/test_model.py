@@ -1,5 +1,5 @@
 """GPT-2 and the attention backends, in-process on the CPU (flash through the Triton interpreter, which
-tests/conftest.py switches on before `kernels` is imported)."""
+tests/conftest.py switches on before `flashgpt.kernels` is imported)."""
 
 import math
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.attention import ATTENTION_BACKENDS, build_attention
-from model.gpt import GPT, ModelConfig
+from flashgpt.model.attention import ATTENTION_BACKENDS, build_attention
+from flashgpt.model.gpt import GPT, ModelConfig
 
 TINY = ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128)  # configs/model/gpt2-tiny.yaml
 GPT2 = ModelConfig(name="gpt2", n_layer=12, n_head=12, d_model=768)  # configs/model/gpt2.yaml

@@ -13,7 +13,7 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
-from training.config import grad_accum_steps, register_configs, typed_config, validate
+from flashgpt.training.config import grad_accum_steps, register_configs, typed_config, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))

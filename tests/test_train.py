@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_runs import assert_ok, read_metrics, read_result, train
 
-from training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
-from training.config import TrainConfig
-from training.evaluation import position_buckets
-from training.failures import oom_request_gib
-from training.mfu import mfu, peak_flops_per_sec
-from training.schedule import build_scheduler, lr_at
+from flashgpt.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from flashgpt.training.config import TrainConfig
+from flashgpt.training.evaluation import position_buckets
+from flashgpt.training.failures import oom_request_gib
+from flashgpt.training.mfu import mfu, peak_flops_per_sec
+from flashgpt.training.schedule import build_scheduler, lr_at
+from training_runs import assert_ok, read_metrics, read_result, train
 
 STEP_KEYS = {
     "step", "train/loss", "train/lr", "train/grad_norm", "train/tokens", "perf/step_time_s",

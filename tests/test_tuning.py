@@ -3,7 +3,15 @@ is a valid configuration."""
 
 import pytest
 
-from kernels.tuning import _DEFAULTS, PASSES, SEQ_LEN_BUCKETS, _tuned_table, launch_config, seq_len_bucket, table_key
+from flashgpt.kernels.tuning import (
+    _DEFAULTS,
+    PASSES,
+    SEQ_LEN_BUCKETS,
+    _tuned_table,
+    launch_config,
+    seq_len_bucket,
+    table_key,
+)
 
 
 def test_seq_len_buckets():

@@ -8,9 +8,9 @@ from enum import Enum
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from data.config import DataConfig
-from model.attention import ATTENTION_BACKENDS
-from model.gpt import ModelConfig
+from flashgpt.data.config import DataConfig
+from flashgpt.model.attention import ATTENTION_BACKENDS
+from flashgpt.model.gpt import ModelConfig
 
 # A guard against typos such as seq_len=655360: at 64K tokens GPT-2's learned position table alone is 50M
 # parameters, and the attention benchmarks stop at 16K.

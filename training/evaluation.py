@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data.eval_spans import held_out_spans
-from training.config import EvalConfig
-from training.distributed import DistContext, all_reduce_sum
-from training.precision import autocast
+from flashgpt.data.eval_spans import held_out_spans
+from flashgpt.training.config import EvalConfig
+from flashgpt.training.distributed import DistContext, all_reduce_sum
+from flashgpt.training.precision import autocast
 
 FIRST_BUCKET_END = 128
 

@@ -17,12 +17,12 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from data import load_splits
-from data.batches import get_batch
-from data.sampler import WindowSampler
-from model.attention import prepare_backend
-from model.gpt import GPT
-from training.checkpoint import (
+from flashgpt.data import load_splits
+from flashgpt.data.batches import get_batch
+from flashgpt.data.sampler import WindowSampler
+from flashgpt.model.attention import prepare_backend
+from flashgpt.model.gpt import GPT
+from flashgpt.training.checkpoint import (
     LATEST,
     capture_rng_state,
     checkpoint_dir,
@@ -31,21 +31,21 @@ from training.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from training.config import Config, grad_accum_steps, typed_config, validate
-from training.distributed import (
+from flashgpt.training.config import Config, grad_accum_steps, typed_config, validate
+from flashgpt.training.distributed import (
     DistContext,
     all_gather_objects,
     all_reduce_sum,
     broadcast_object,
     init_distributed,
 )
-from training.distributed import shutdown as shutdown_distributed
-from training.evaluation import Evaluator
-from training.failures import NonFiniteLossError, oom_request_gib
-from training.metrics import MetricsLogger
-from training.mfu import device_name, mfu, peak_flops_per_sec
-from training.precision import autocast
-from training.schedule import build_scheduler
+from flashgpt.training.distributed import shutdown as shutdown_distributed
+from flashgpt.training.evaluation import Evaluator
+from flashgpt.training.failures import NonFiniteLossError, oom_request_gib
+from flashgpt.training.metrics import MetricsLogger
+from flashgpt.training.mfu import device_name, mfu, peak_flops_per_sec
+from flashgpt.training.precision import autocast
+from flashgpt.training.schedule import build_scheduler
 
 log = logging.getLogger(__name__)
 

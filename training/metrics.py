@@ -10,7 +10,7 @@ from typing import Any
 
 import wandb
 
-from training.config import WandbConfig
+from flashgpt.training.config import WandbConfig
 
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"

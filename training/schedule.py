@@ -5,7 +5,7 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from training.config import TrainConfig
+from flashgpt.training.config import TrainConfig
 
 
 def lr_at(step: int, train: TrainConfig) -> float:
