@@ -21,6 +21,9 @@ class DataConfig:
     streaming: bool = False  # iterate without downloading the whole dataset first
     # text_files: a folder (every file under it) or a glob; one document per file
     path: str | None = None
+    # Document masking: a token attends only within its document of the packed window (data/documents.py).
+    # Read by the trainer, not by tokenizing: the same shards serve both settings.
+    document_mask: bool = False
 
 
 def prepare_command(cfg: DataConfig) -> str:
@@ -28,7 +31,7 @@ def prepare_command(cfg: DataConfig) -> str:
     overrides = [f"data={cfg.name}"]
     for field in fields(DataConfig):
         value = getattr(cfg, field.name)
-        if field.name != "name" and value != field.default:
+        if field.name not in ("name", "document_mask") and value != field.default:
             overrides.append(shlex.quote(f"data.{field.name}={'null' if value is None else value}"))
     return " ".join(["python scripts/prepare_data.py", *overrides])
 

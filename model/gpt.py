@@ -11,7 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from flashgpt.model.attention import build_attention
+from flashgpt.model.attention import AttentionConfig, AttentionMask, build_attention
+from flashgpt.model.kv_cache import KVCache
+from flashgpt.model.masks import num_blocks
+from flashgpt.model.sparsity import block_mask_for, build_block_mask, visible_fraction
 
 
 @dataclass
@@ -43,13 +46,16 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: AttentionMask, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        """x (B, T, C); with a cache, x continues the cached tokens and attends to them too (keys Tk = past + T)."""
         B, T, C = x.shape
         D = C // self.n_head
         qkv = self.qkv(x).view(B, T, 3, self.n_head, D)  # (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D): strided views, no copy
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, H, Tk, D)
         y = self.inner(
-            q, k, v, causal=True, dropout_p=self.dropout if self.training else 0.0, scale=1.0 / math.sqrt(D)
+            q, k, v, mask=mask, dropout_p=self.dropout if self.training else 0.0, scale=1.0 / math.sqrt(D)
         )  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.proj(y))
@@ -75,21 +81,28 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: Tensor, mask: AttentionMask, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, block_size: int, attention: str) -> None:
-        """block_size: the longest context, which sizes the learned position embeddings (the run's seq_len)."""
+    def __init__(self, cfg: ModelConfig, block_size: int, attention: str | AttentionConfig) -> None:
+        """block_size: the longest context, which sizes the learned position embeddings (the run's seq_len).
+        attention: the backend's name, or the whole attention config (backend and masks: window, block-sparse)."""
         super().__init__()
         self.cfg = cfg
         self.block_size = block_size
+        self.attention = AttentionConfig(attention) if isinstance(attention, str) else attention
+        # The block-sparse pattern over the longest context, (1, n, n) blocks; each call takes the part it needs.
+        sparse, n_blocks = self.attention.block_sparse, num_blocks(block_size, self.attention.block_size)
+        self.register_buffer(
+            "block_layout", None if sparse is None else build_block_mask(sparse, n_blocks), persistent=False
+        )
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(block_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, self.attention.name) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied: one (V, C) matrix embeds and un-embeds
@@ -110,16 +123,39 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: Tensor) -> Tensor:
-        """idx: (B, T) token ids -> logits (B, T, V)."""
+    def forward(self, idx: Tensor, *, document_ids: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """idx: (B, T) token ids -> logits (B, T, V).
+        document_ids (B, T), or (B, past + T) with a cache: a token attends only within its document.
+        cache: idx continues the tokens it holds (their positions follow on); their keys and values are appended."""
         n_tokens = idx.size(1)
-        if n_tokens > self.block_size:
-            raise ValueError(f"context of {n_tokens} tokens is longer than the model's {self.block_size} (its seq_len)")
-        pos = torch.arange(n_tokens, device=idx.device)  # (T,)
+        past = 0 if cache is None else cache.length
+        if past + n_tokens > self.block_size:
+            raise ValueError(
+                f"context of {past + n_tokens} tokens is longer than the model's {self.block_size} (its seq_len)"
+            )
+        pos = torch.arange(past, past + n_tokens, device=idx.device)  # (T,)
+        mask = self.attention_mask(n_tokens, past + n_tokens, document_ids)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, mask, cache, layer)
+        if cache is not None:
+            cache.advance(n_tokens)
         return self.lm_head(self.ln_f(x))  # (B, T, V)
+
+    def attention_mask(self, seq_len_q: int, seq_len_k: int, document_ids: Tensor | None = None) -> AttentionMask:
+        """What the queries, the last seq_len_q of seq_len_k positions, may see: causal, and the configured window
+        and block-sparse pattern; document_ids (B, seq_len_k) adds document masking."""
+        att = self.attention
+        block_mask = None
+        if self.block_layout is not None:
+            block_mask = block_mask_for(self.block_layout, seq_len_q, seq_len_k, att.block_size)
+        return AttentionMask(
+            causal=True,
+            window_size=att.window_size,
+            document_ids=document_ids,
+            block_mask=block_mask,
+            block_size=att.block_size,
+        )
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
         """Parameter count N, by default without the position table (a lookup, no FLOPs). The token table stays:
@@ -129,8 +165,11 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs (forward + backward) per token at context seq_len: 6N for the weight matmuls plus
-        12·L·C·T for q kᵀ and p v, halved because causal attention skips the upper triangle."""
-        return 6 * self.num_params() + 6 * self.cfg.n_layer * self.cfg.d_model * seq_len
+        12·L·C·T for q kᵀ and p v, halved because causal attention skips the upper triangle, and scaled by the
+        share of it a window or block-sparse pattern leaves (document masking, which varies by batch, is not)."""
+        att, layout = self.attention, self.block_layout
+        kept = visible_fraction(seq_len, window_size=att.window_size, layout=layout, block_size=att.block_size)
+        return 6 * self.num_params() + round(6 * self.cfg.n_layer * self.cfg.d_model * seq_len * kept)
 
     def configure_optimizer(
         self, lr: float, weight_decay: float, betas: tuple[float, float], device_type: str

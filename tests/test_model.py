@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashgpt.model.attention import ATTENTION_BACKENDS, build_attention
+from flashgpt.model.attention import ATTENTION_BACKENDS, CAUSAL, build_attention
 from flashgpt.model.gpt import GPT, ModelConfig
 
 TINY = ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128)  # configs/model/gpt2-tiny.yaml
@@ -55,10 +55,10 @@ def test_inner_attention_dropout_is_applied_by_the_backend():
     q, k, v = torch.randn(3, 1, 2, SEQ_LEN, 64).unbind(0)
     for name in ATTENTION_BACKENDS:
         inner = build_attention(name)
-        exact = inner(q, k, v, causal=True, dropout_p=0.0, scale=0.125)
-        dropped = inner(q, k, v, causal=True, dropout_p=0.5, scale=0.125)
+        exact = inner(q, k, v, mask=CAUSAL, dropout_p=0.0, scale=0.125)
+        dropped = inner(q, k, v, mask=CAUSAL, dropout_p=0.5, scale=0.125)
         assert not torch.allclose(exact, dropped), name
-        torch.testing.assert_close(exact, inner(q, k, v, causal=True, dropout_p=0.0, scale=0.125), msg=name)
+        torch.testing.assert_close(exact, inner(q, k, v, mask=CAUSAL, dropout_p=0.0, scale=0.125), msg=name)
 
 
 def test_context_longer_than_the_model_is_a_value_error():

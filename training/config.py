@@ -9,7 +9,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from flashgpt.data.config import DataConfig
-from flashgpt.model.attention import ATTENTION_BACKENDS
+from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, check_attention_config
 from flashgpt.model.gpt import ModelConfig
 
 # A guard against typos such as seq_len=655360: at 64K tokens GPT-2's learned position table alone is 50M
@@ -27,11 +27,6 @@ class WandbMode(str, Enum):
     offline = "offline"  # no account or network needed; upload later with `wandb sync <run dir>/wandb/offline-run-*`
     online = "online"
     disabled = "disabled"
-
-
-@dataclass
-class AttentionConfig:
-    name: str = MISSING  # naive | flash | sdpa (model/attention.py)
 
 
 @dataclass
@@ -110,6 +105,7 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"seq_len={cfg.seq_len} is out of range: it must be in [1, {MAX_SEQ_LEN}]")
     if cfg.attention.name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention.name={cfg.attention.name!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
+    check_attention_config(cfg.attention)
     if cfg.model.d_model % cfg.model.n_head:
         raise ValueError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_head={cfg.model.n_head}")
     if not 0.0 <= cfg.model.dropout < 1.0:
