@@ -1,4 +1,4 @@
-"""FlashAttention backward: dQ, dK, dV from Q, K, V, O, dO and the forward's log-sum-exp, with no T×T buffer.
+"""FlashAttention backward: dQ, dK, dV from Q, K, V, O, dO and the forward's log-sum-exp, with no Tq×Tk buffer.
 
 With S = Q·Kᵀ·scale, P = softmax(S) = exp(S − LSE), dropout keep-mask Z and keep-scale c = 1/(1 − p_drop):
 
@@ -12,6 +12,10 @@ P and Z are recomputed tile by tile from Q, K, the LSE and the dropout seed. Two
 every sum has a single owner and runs in a fixed order (deterministic, no float atomics): one program per key
 tile accumulates its dK and dV over query tiles, one program per query tile accumulates its dQ over key tiles.
 The price is recomputing S and dP in both, 7 matrix products instead of 5.
+
+Masks (see `masks.py`) bound the loops exactly as in the forward: the dK/dV program of a key tile visits only the
+query tiles that can see it. A masked element has P = 0, so it adds nothing to any sum; a query row that saw no
+key (LSE = −inf, O = 0, δ = 0) is masked in every tile it meets, so its gradients are exactly 0.
 """
 
 import triton
@@ -19,6 +23,7 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
+from .masks import intersect_ranges, key_range, load_ranges, query_range, split_tiles, visible
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -62,10 +67,12 @@ def _dkdv_tiles(
     dv,
     k,
     v,
+    k_doc,
     q_head,
     do_head,
     lse_row,
     delta_row,
+    doc_row,
     stride_qt,
     stride_qd,
     stride_dot,
@@ -75,7 +82,9 @@ def _dkdv_tiles(
     start_n,
     lo,
     hi,
-    seq_len,
+    seq_len_q,
+    seq_len_k,
+    window_size,
     qk_scale,
     bh,
     seed,
@@ -87,6 +96,8 @@ def _dkdv_tiles(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -99,7 +110,7 @@ def _dkdv_tiles(
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         if MASKED:
-            row_ok = offs_m < seq_len
+            row_ok = offs_m < seq_len_q
             qT = tl.load(qT_ptrs, mask=row_ok[None, :], other=0.0)
             do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
             lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * LOG2E
@@ -116,16 +127,18 @@ def _dkdv_tiles(
         if DROPOUT:  # independent of the products below, so it can overlap with them
             keepT = tl.trans(
                 dropout_keep_mask(
-                    seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
+                    seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
                 )
             )
         sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)
         pT = tl.exp2(sT * qk_scale - lse2[None, :])
         if MASKED:
-            visible = row_ok[None, :]
-            if CAUSAL:
-                visible = visible & (offs_m[None, :] >= offs_n[:, None])
-            pT = tl.where(visible, pT, 0.0)
+            q_pos = offs_m + (seq_len_k - seq_len_q)
+            q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[None, :] if DOCS else 0
+            seen = visible(
+                q_pos[None, :], offs_n[:, None], row_ok[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
+            )
+            pT = tl.where(seen, pT, 0.0)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # (dO·Vᵀ)ᵀ, (BLOCK_N, BLOCK_M)
         if DROPOUT:
             pT_dropped = tl.where(keepT, pT * dropout_scale, 0.0)
@@ -141,7 +154,73 @@ def _dkdv_tiles(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
+@triton.jit
+def _dkdv_query_range(
+    dk,
+    dv,
+    k,
+    v,
+    k_doc,
+    q_head,
+    do_head,
+    lse_row,
+    delta_row,
+    doc_row,
+    stride_qt,
+    stride_qd,
+    stride_dot,
+    stride_dod,
+    offs_n,
+    offs_d,
+    start_n,
+    lo,
+    hi,
+    full_lo,
+    full_hi,
+    seq_len_q,
+    seq_len_k,
+    window_size,
+    qk_scale,
+    bh,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Query tiles [lo, hi): a masked run (the causal diagonal band), the mask-free run inside [full_lo, full_hi),
+    and a masked run (the end of a window, or the ragged last tile)."""
+    start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_M)
+    dk, dv = _dkdv_tiles(
+        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
+        stride_dod, offs_n, offs_d, start_n, start, fast_lo, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
+        offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS,
+        DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+    dk, dv = _dkdv_tiles(
+        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
+        stride_dod, offs_n, offs_d, start_n, fast_lo, fast_hi, seq_len_q, seq_len_k, window_size, qk_scale, bh,
+        seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, DOCS,
+        DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+    dk, dv = _dkdv_tiles(
+        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
+        stride_dod, offs_n, offs_d, start_n, fast_hi, end, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
+        offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS,
+        DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold", "window_size"])
 def flash_bwd_dkdv_kernel(
     Q,
     K,
@@ -176,7 +255,8 @@ def flash_bwd_dkdv_kernel(
     stride_dvt,
     stride_dvd,
     n_heads,
-    seq_len,
+    seq_len_q,
+    seq_len_k,
     softmax_scale,
     qk_scale,
     seed,
@@ -184,10 +264,24 @@ def flash_bwd_dkdv_kernel(
     offset_hi,
     dropout_threshold,
     dropout_scale,
+    window_size,
+    DocIds,
+    stride_doc_b,
+    DocRanges,
+    stride_ranges_b,
+    KeptCount,
+    stride_count_h,
+    KeptIndex,
+    stride_index_h,
+    stride_index_r,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    SPARSE: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -205,13 +299,13 @@ def flash_bwd_dkdv_kernel(
     k_head = head_start(K, b, h, stride_kb, stride_kh)
     v_head = head_start(V, b, h, stride_vb, stride_vh)
     do_head = head_start(DO, b, h, stride_dob, stride_doh)
-    lse_row = LSE + bh.to(tl.int64) * seq_len
-    delta_row = Delta + bh.to(tl.int64) * seq_len
+    lse_row = LSE + bh.to(tl.int64) * seq_len_q
+    delta_row = Delta + bh.to(tl.int64) * seq_len_q
 
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    col_ok = offs_n < seq_len
+    col_ok = offs_n < seq_len_k
     k = tl.load(k_head + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd, mask=col_ok[:, None], other=0.0)
     v = tl.load(v_head + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd, mask=col_ok[:, None], other=0.0)
     if UPCAST:
@@ -220,30 +314,38 @@ def flash_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
 
-    # Query tiles: the causal diagonal band (masked), a mask-free bulk, and the ragged last tile (masked).
-    # Query rows above the band never see this key tile and are skipped.
-    full_rows = (seq_len // BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        band_hi = tl.minimum(start_n + BLOCK_N, seq_len)
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, q_head, do_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
-            offs_n, offs_d, start_n, start_n, band_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi,
-            dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-        )  # fmt: skip
-        bulk_lo = start_n + BLOCK_N
+    # Only the query tiles that can see this key tile; query rows above the causal band are skipped.
+    lo, hi, full_lo, full_hi = query_range(start_n, seq_len_q, seq_len_k, window_size, BLOCK_N, CAUSAL, WINDOW)
+    if DOCS:
+        doc_row = DocIds + b.to(tl.int64) * stride_doc_b
+        k_doc = tl.load(doc_row + offs_n, mask=col_ok, other=0)[:, None]
+        doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + pid_n * 4)
+        lo, hi, full_lo, full_hi = intersect_ranges(lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi)
     else:
-        bulk_lo = 0
-    bulk_hi = tl.maximum(bulk_lo, full_rows)
-    dk, dv = _dkdv_tiles(
-        dk, dv, k, v, q_head, do_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
-        offs_n, offs_d, start_n, bulk_lo, bulk_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-    )  # fmt: skip
-    dk, dv = _dkdv_tiles(
-        dk, dv, k, v, q_head, do_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
-        offs_n, offs_d, start_n, bulk_hi, seq_len, seq_len, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-    )  # fmt: skip
+        doc_row = DocIds
+        k_doc = 0
+    if SPARSE:
+        # Only the query blocks that keep this key block: the transposed block mask, compacted on the host.
+        block_col = start_n // SPARSE_BLOCK
+        n_kept = tl.load(KeptCount + h * stride_count_h + block_col)  # head strides are 0 for a shared mask
+        kept = KeptIndex + h * stride_index_h + block_col * stride_index_r
+        for i in range(n_kept):
+            block_lo = tl.load(kept + i) * SPARSE_BLOCK
+            block_hi = block_lo + SPARSE_BLOCK
+            dk, dv = _dkdv_query_range(
+                dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
+                stride_dod, offs_n, offs_d, start_n, tl.maximum(lo, block_lo), tl.minimum(hi, block_hi),
+                tl.maximum(full_lo, block_lo), tl.minimum(full_hi, block_hi), seq_len_q, seq_len_k, window_size,
+                qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL,
+                WINDOW, DOCS, DROPOUT, UPCAST, INPUT_PRECISION,
+            )  # fmt: skip
+    else:
+        dk, dv = _dkdv_query_range(
+            dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
+            stride_dod, offs_n, offs_d, start_n, lo, hi, full_lo, full_hi, seq_len_q, seq_len_k, window_size,
+            qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL,
+            WINDOW, DOCS, DROPOUT, UPCAST, INPUT_PRECISION,
+        )  # fmt: skip
 
     dk_head = head_start(DK, b, h, stride_dkb, stride_dkh)
     dv_head = head_start(DV, b, h, stride_dvb, stride_dvh)
@@ -267,8 +369,11 @@ def _dq_tiles(
     do,
     lse2,
     delta,
+    q_pos,
+    q_doc,
     k_head,
     v_head,
+    doc_row,
     stride_kt,
     stride_kd,
     stride_vt,
@@ -277,7 +382,8 @@ def _dq_tiles(
     offs_d,
     lo,
     hi,
-    seq_len,
+    seq_len_k,
+    window_size,
     qk_scale,
     bh,
     seed,
@@ -289,6 +395,8 @@ def _dq_tiles(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -301,7 +409,7 @@ def _dq_tiles(
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
-            col_ok = offs_n < seq_len
+            col_ok = offs_n < seq_len_k
             kT = tl.load(kT_ptrs, mask=col_ok[None, :], other=0.0)
             vT = tl.load(vT_ptrs, mask=col_ok[None, :], other=0.0)
         else:
@@ -313,15 +421,16 @@ def _dq_tiles(
 
         if DROPOUT:  # independent of the products below, so it can overlap with them
             keep = dropout_keep_mask(
-                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
+                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
             )
         s = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
-            visible = col_ok[None, :]
-            if CAUSAL:
-                visible = visible & (offs_m[:, None] >= offs_n[None, :])
-            p = tl.where(visible, p, 0.0)
+            k_doc = tl.load(doc_row + offs_n, mask=col_ok, other=0)[None, :] if DOCS else 0
+            seen = visible(
+                q_pos[:, None], offs_n[None, :], col_ok[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
+            )
+            p = tl.where(seen, p, 0.0)
         dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
         if DROPOUT:
             dp = tl.where(keep, dp * dropout_scale, 0.0)
@@ -333,7 +442,70 @@ def _dq_tiles(
     return dq
 
 
-@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
+@triton.jit
+def _dq_key_range(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    q_pos,
+    q_doc,
+    k_head,
+    v_head,
+    doc_row,
+    stride_kt,
+    stride_kd,
+    stride_vt,
+    stride_vd,
+    offs_m,
+    offs_d,
+    lo,
+    hi,
+    full_lo,
+    full_hi,
+    seq_len_k,
+    window_size,
+    qk_scale,
+    bh,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Same split as the forward: masked run, mask-free run, masked run (causal band or ragged tail)."""
+    start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+        offs_m, offs_d, start, fast_lo, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, DROPOUT, UPCAST,
+        INPUT_PRECISION,
+    )  # fmt: skip
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+        offs_m, offs_d, fast_lo, fast_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, DOCS, DROPOUT, UPCAST,
+        INPUT_PRECISION,
+    )  # fmt: skip
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+        offs_m, offs_d, fast_hi, end, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, DROPOUT, UPCAST,
+        INPUT_PRECISION,
+    )  # fmt: skip
+    return dq
+
+
+@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold", "window_size"])
 def flash_bwd_dq_kernel(
     Q,
     K,
@@ -363,7 +535,8 @@ def flash_bwd_dq_kernel(
     stride_dqt,
     stride_dqd,
     n_heads,
-    seq_len,
+    seq_len_q,
+    seq_len_k,
     softmax_scale,
     qk_scale,
     seed,
@@ -371,10 +544,24 @@ def flash_bwd_dq_kernel(
     offset_hi,
     dropout_threshold,
     dropout_scale,
+    window_size,
+    DocIds,
+    stride_doc_b,
+    DocRanges,
+    stride_ranges_b,
+    KeptCount,
+    stride_count_h,
+    KeptIndex,
+    stride_index_h,
+    stride_index_r,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    SPARSE: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -384,7 +571,7 @@ def flash_bwd_dq_kernel(
     qk_scale = tl.cast(qk_scale, tl.float32)
     dropout_scale = tl.cast(dropout_scale, tl.float32)
     # Causal query tiles near the end see the most key tiles: launch them first.
-    n_blocks_m = tl.cdiv(seq_len, BLOCK_M)
+    n_blocks_m = tl.cdiv(seq_len_q, BLOCK_M)
     pid_m = (n_blocks_m - 1 - tl.program_id(0)) if CAUSAL else tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
@@ -397,33 +584,47 @@ def flash_bwd_dq_kernel(
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
+    row_ok = offs_m < seq_len_q
+    q_pos = offs_m + (seq_len_k - seq_len_q)
     q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
     do = tl.load(do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * seq_len + offs_m, mask=row_ok, other=0.0) * LOG2E
-    delta = tl.load(Delta + bh.to(tl.int64) * seq_len + offs_m, mask=row_ok, other=0.0)
+    lse2 = tl.load(LSE + bh.to(tl.int64) * seq_len_q + offs_m, mask=row_ok, other=0.0) * LOG2E
+    delta = tl.load(Delta + bh.to(tl.int64) * seq_len_q + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
 
-    # Same split as the forward: a mask-free bulk of key tiles, then the causal diagonal band or ragged tail.
-    if CAUSAL:
-        unmasked_hi = start_m
-        masked_hi = tl.minimum(start_m + BLOCK_M, seq_len)
+    lo, hi, full_lo, full_hi = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
+    if DOCS:
+        doc_row = DocIds + b.to(tl.int64) * stride_doc_b
+        q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[:, None]
+        doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + pid_m * 4)
+        lo, hi, full_lo, full_hi = intersect_ranges(lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi)
     else:
-        unmasked_hi = (seq_len // BLOCK_N) * BLOCK_N
-        masked_hi = seq_len
-    dq = _dq_tiles(
-        dq, q, do, lse2, delta, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
-        0, unmasked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale,
-        BLOCK_M, BLOCK_N, False, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-    )  # fmt: skip
-    dq = _dq_tiles(
-        dq, q, do, lse2, delta, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
-        unmasked_hi, masked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
-        dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-    )  # fmt: skip
+        doc_row = DocIds
+        q_doc = 0
+    if SPARSE:
+        block_row = start_m // SPARSE_BLOCK
+        n_kept = tl.load(KeptCount + h * stride_count_h + block_row)  # head strides are 0 for a shared mask
+        kept = KeptIndex + h * stride_index_h + block_row * stride_index_r
+        for i in range(n_kept):
+            block_lo = tl.load(kept + i) * SPARSE_BLOCK
+            block_hi = block_lo + SPARSE_BLOCK
+            dq = _dq_key_range(
+                dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt,
+                stride_vd, offs_m, offs_d, tl.maximum(lo, block_lo), tl.minimum(hi, block_hi),
+                tl.maximum(full_lo, block_lo), tl.minimum(full_hi, block_hi), seq_len_k, window_size, qk_scale, bh,
+                seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS,
+                DROPOUT, UPCAST, INPUT_PRECISION,
+            )  # fmt: skip
+    else:
+        dq = _dq_key_range(
+            dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+            offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
+            offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, DROPOUT, UPCAST,
+            INPUT_PRECISION,
+        )  # fmt: skip
 
     dq_head = head_start(DQ, b, h, stride_dqb, stride_dqh)
     dq = dq * softmax_scale

@@ -1,4 +1,4 @@
-"""FlashAttention forward: O = softmax(Q·Kᵀ·scale + mask)·V, tiled, with the T×T matrix never materialised.
+"""FlashAttention forward: O = softmax(Q·Kᵀ·scale + mask)·V, tiled, with the Tq×Tk matrix never materialised.
 
 Each program owns BLOCK_M query rows of one (batch, head) and streams over key/value tiles of BLOCK_N columns,
 keeping an online softmax in registers. In base 2 (log2(e) is folded into the scale, so exp2 is one MUFU op):
@@ -12,6 +12,11 @@ keeping an online softmax in registers. In base 2 (log2(e) is folded into the sc
 
 At the end O = acc / l / (1 − p_drop) and LSE = (m + log2 l)·ln 2, the natural log-sum-exp of each row of the
 scaled scores, which is all the backward needs to rebuild the probabilities: P = exp(S·scale − LSE).
+
+Masks (see `masks.py`) only change which key tiles a program visits and which of them apply the elementwise mask.
+A row can see nothing in a tile while its running max is still −inf (a window or document starts further right, or
+a block-sparse row is empty); SAFE_SOFTMAX then subtracts 0 instead of −inf, so such rows add exp2(−inf) = 0, and a
+row that sees no key at all ends with l = 0, which gives o = 0 and LSE = −inf.
 """
 
 import triton
@@ -19,6 +24,7 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
+from .masks import intersect_ranges, key_range, load_ranges, split_tiles, visible
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -29,8 +35,11 @@ def _forward_tiles(
     l_i,
     m_i,
     q,
+    q_pos,
+    q_doc,
     k_head,
     v_head,
+    doc_row,
     stride_kt,
     stride_kd,
     stride_vt,
@@ -39,7 +48,8 @@ def _forward_tiles(
     offs_d,
     lo,
     hi,
-    seq_len,
+    seq_len_k,
+    window_size,
     qk_scale,
     bh,
     seed,
@@ -50,11 +60,14 @@ def _forward_tiles(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    SAFE_SOFTMAX: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Online-softmax update over key tiles [lo, hi). MASKED tiles apply the causal and length masks."""
+    """Online-softmax update over key tiles [lo, hi). MASKED tiles apply the length mask and every given mask."""
     offs_n = lo + tl.arange(0, BLOCK_N)
     kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
     v_ptrs = v_head + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
@@ -62,7 +75,7 @@ def _forward_tiles(
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
-            in_bounds = offs_n < seq_len
+            in_bounds = offs_n < seq_len_k
             kT = tl.load(kT_ptrs, mask=in_bounds[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=in_bounds[:, None], other=0.0)
         else:
@@ -74,19 +87,23 @@ def _forward_tiles(
 
         if DROPOUT:  # independent of the products below, so it can overlap with them
             keep = dropout_keep_mask(
-                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, dropout_threshold, BLOCK_M, BLOCK_N
+                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
             )
         s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         if MASKED:
-            visible = in_bounds[None, :]
-            if CAUSAL:
-                visible = visible & (offs_m[:, None] >= offs_n[None, :])
-            s = tl.where(visible, s, float("-inf"))
+            k_doc = tl.load(doc_row + offs_n, mask=in_bounds, other=0)[None, :] if DOCS else 0
+            seen = visible(
+                q_pos[:, None], offs_n[None, :], in_bounds[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
+            )
+            s = tl.where(seen, s, float("-inf"))
 
-        # Every row has seen at least one visible column by now, so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        # In a mask-free tile, or under plain causal masking, every row has seen a visible column by now.
+        m_sub = m_new
+        if MASKED and SAFE_SOFTMAX:
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_sub[:, None])
+        alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             p = tl.where(keep, p, 0.0)
@@ -98,7 +115,71 @@ def _forward_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
+@triton.jit
+def _forward_key_range(
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,
+    q_doc,
+    k_head,
+    v_head,
+    doc_row,
+    stride_kt,
+    stride_kd,
+    stride_vt,
+    stride_vd,
+    offs_m,
+    offs_d,
+    lo,
+    hi,
+    full_lo,
+    full_hi,
+    seq_len_k,
+    window_size,
+    qk_scale,
+    bh,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    SAFE_SOFTMAX: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Key tiles [lo, hi): a masked run, the mask-free run inside [full_lo, full_hi), and a masked run. With plain
+    causal masking the first run is empty and the last is the diagonal band; without masks the last is the ragged
+    tile when Tk is not a multiple of BLOCK_N."""
+    start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
+    acc, l_i, m_i = _forward_tiles(
+        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+        offs_m, offs_d, start, fast_lo, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+        dropout_threshold, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+        INPUT_PRECISION,
+    )  # fmt: skip
+    acc, l_i, m_i = _forward_tiles(
+        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+        offs_m, offs_d, fast_lo, fast_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+        dropout_threshold, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+        INPUT_PRECISION,
+    )  # fmt: skip
+    acc, l_i, m_i = _forward_tiles(
+        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+        offs_m, offs_d, fast_hi, end, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+        dropout_threshold, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+        INPUT_PRECISION,
+    )  # fmt: skip
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold", "window_size"])
 def flash_fwd_kernel(
     Q,
     K,
@@ -122,17 +203,33 @@ def flash_fwd_kernel(
     stride_ot,
     stride_od,
     n_heads,
-    seq_len,
+    seq_len_q,
+    seq_len_k,
     qk_scale,
     seed,
     offset_lo,
     offset_hi,
     dropout_threshold,
     dropout_scale,
+    window_size,
+    DocIds,
+    stride_doc_b,
+    DocRanges,
+    stride_ranges_b,
+    KeptCount,
+    stride_count_h,
+    KeptIndex,
+    stride_index_h,
+    stride_index_r,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    SPARSE: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
+    SAFE_SOFTMAX: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -141,7 +238,7 @@ def flash_fwd_kernel(
     qk_scale = tl.cast(qk_scale, tl.float32)
     dropout_scale = tl.cast(dropout_scale, tl.float32)
     # Causal row blocks near the end do the most work: launch them first so the tail of the grid is short.
-    n_blocks_m = tl.cdiv(seq_len, BLOCK_M)
+    n_blocks_m = tl.cdiv(seq_len_q, BLOCK_M)
     pid_m = (n_blocks_m - 1 - tl.program_id(0)) if CAUSAL else tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // n_heads
@@ -155,7 +252,8 @@ def flash_fwd_kernel(
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
+    row_ok = offs_m < seq_len_q
+    q_pos = offs_m + (seq_len_k - seq_len_q)  # absolute positions: the queries are the last Tq of Tk
 
     q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
     if UPCAST:
@@ -165,26 +263,40 @@ def flash_fwd_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
 
-    # Key tiles split into a mask-free bulk and a masked remainder: with causal masking the remainder is the
-    # diagonal band [start_m, start_m + BLOCK_M) and tiles above it are skipped; otherwise it is the ragged
-    # last tile when T is not a multiple of BLOCK_N.
-    if CAUSAL:
-        unmasked_hi = start_m
-        masked_hi = tl.minimum(start_m + BLOCK_M, seq_len)
+    lo, hi, full_lo, full_hi = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
+    if DOCS:
+        doc_row = DocIds + b.to(tl.int64) * stride_doc_b
+        q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[:, None]
+        doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + pid_m * 4)
+        lo, hi, full_lo, full_hi = intersect_ranges(lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi)
     else:
-        unmasked_hi = (seq_len // BLOCK_N) * BLOCK_N
-        masked_hi = seq_len
-    acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
-        0, unmasked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
-        BLOCK_M, BLOCK_N, False, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-    )  # fmt: skip
-    acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, k_head, v_head, stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d,
-        unmasked_hi, masked_hi, seq_len, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
-        BLOCK_M, BLOCK_N, True, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
-    )  # fmt: skip
+        doc_row = DocIds
+        q_doc = 0
+    if SPARSE:
+        # Only the key blocks this query block keeps: a compacted, ascending list built on the host.
+        block_row = start_m // SPARSE_BLOCK
+        n_kept = tl.load(KeptCount + h * stride_count_h + block_row)  # head strides are 0 for a shared mask
+        kept = KeptIndex + h * stride_index_h + block_row * stride_index_r
+        for i in range(n_kept):
+            block_lo = tl.load(kept + i) * SPARSE_BLOCK
+            block_hi = block_lo + SPARSE_BLOCK
+            acc, l_i, m_i = _forward_key_range(
+                acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+                offs_m, offs_d, tl.maximum(lo, block_lo), tl.minimum(hi, block_hi), tl.maximum(full_lo, block_lo),
+                tl.minimum(full_hi, block_hi), seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+                dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+                INPUT_PRECISION,
+            )  # fmt: skip
+    else:
+        acc, l_i, m_i = _forward_key_range(
+            acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+            offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
+            offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+            INPUT_PRECISION,
+        )  # fmt: skip
 
+    if SAFE_SOFTMAX:  # a row that saw no key has l = 0 and acc = 0: o = 0 and LSE = −inf + log2(1) = −inf
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc * (dropout_scale / l_i)[:, None]
     tl.store(
         o_head + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
@@ -192,4 +304,4 @@ def flash_fwd_kernel(
         mask=row_ok[:, None],
     )
     lse = (m_i + tl.log2(l_i)) * LN2
-    tl.store(LSE + bh.to(tl.int64) * seq_len + offs_m, lse, mask=row_ok)
+    tl.store(LSE + bh.to(tl.int64) * seq_len_q + offs_m, lse, mask=row_ok)

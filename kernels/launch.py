@@ -7,7 +7,7 @@ candidates. Inputs are assumed valid (checked once in `interface.py`).
 import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -15,6 +15,7 @@ import triton
 from .dropout import keep_scale, keep_threshold
 from .flash_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess_kernel
 from .flash_fwd import flash_fwd_kernel
+from .tile_schedule import KernelMasks
 from .tuning import LaunchConfig, launch_config
 
 LOG2E = math.log2(math.e)
@@ -58,7 +59,22 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
-def tuned_config(kernel_pass: str, q: torch.Tensor, params: AttentionParams) -> LaunchConfig:
+def fit_tiles_to_blocks(cfg: LaunchConfig, block_size: int) -> LaunchConfig:
+    """Shrink tiles so that both divide block_size: a tile then lies in one block of a block-sparse mask, which
+    it keeps or drops whole. block_size is a multiple of 16 (checked by the caller), so tiles stay >= 16."""
+    largest = block_size & -block_size  # the largest power of two dividing block_size
+    return replace(cfg, block_m=min(cfg.block_m, largest), block_n=min(cfg.block_n, largest))
+
+
+def tuned_config(
+    kernel_pass: str,
+    q: torch.Tensor,
+    params: AttentionParams,
+    *,
+    seq_len_k: int | None = None,
+    block_size: int | None = None,
+) -> LaunchConfig:
+    """The configuration for q and keys of length seq_len_k (default Tq); tiles fit block_size when given."""
     hopper = q.is_cuda and _is_hopper(q.device.index if q.device.index is not None else torch.cuda.current_device())
     cfg = launch_config(
         kernel_pass,
@@ -66,22 +82,29 @@ def tuned_config(kernel_pass: str, q: torch.Tensor, params: AttentionParams) -> 
         dtype_name(q.dtype),
         params.causal,
         params.dropout,
-        q.shape[2],
+        q.shape[2] if seq_len_k is None else seq_len_k,
         interpreting=interpreting(),
         hopper=hopper,
     )
+    if block_size is not None:
+        cfg = fit_tiles_to_blocks(cfg, block_size)
     cfg.validate(kernel_pass)
     return cfg
 
 
-def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig) -> dict:
+def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks) -> dict:
     """Constexprs shared by all passes. The interpreter computes bf16 tl.dot wrongly (triton#11584), so bf16
-    tiles are upcast to fp32 there; fp32 inputs get IEEE products (Triton's fp32 default on GPUs is TF32)."""
+    tiles are upcast to fp32 there; fp32 inputs get IEEE products (Triton's fp32 default on GPUs is TF32). Each
+    mask is a constexpr flag, so the unmasked kernel compiles to exactly the code it had before masks existed."""
     return dict(
         HEAD_DIM=q.shape[-1],
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         CAUSAL=params.causal,
+        WINDOW=masks.window_size is not None,
+        DOCS=masks.document_ids is not None,
+        SPARSE=masks.block_mask is not None,
+        SPARSE_BLOCK=masks.block_size if masks.block_mask is not None else 1,
         DROPOUT=params.dropout,
         UPCAST=interpreting() and q.dtype == torch.bfloat16,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -90,37 +113,75 @@ def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig) -> dict:
     )
 
 
-def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig) -> None:
-    """o (B, H, T, D) and lse (B, H, T) fp32 from q, k, v."""
-    batch, heads, seq_len, _ = q.shape
+def _mask_args(masks: KernelMasks, seq_len_q: int, row_tile: int, rows: str, transposed: bool) -> tuple:
+    """(window_size, DocIds, stride, DocRanges, stride, KeptCount, stride_h, KeptIndex, stride_h, stride_r) for one
+    pass whose programs own `row_tile` rows of `rows` ('queries' or 'keys'); None for the masks not given."""
+    window = masks.window_size or 0
+    doc_args: tuple = (None, 0, None, 0)
+    if masks.document_ids is not None:
+        ranges = masks.document_ranges(seq_len_q, row_tile, rows)
+        doc_args = (masks.document_ids, masks.document_ids.stride(0), ranges, ranges.stride(0))
+    block_args: tuple = (None, 0, None, 0, 0)
+    if masks.block_mask is not None:
+        counts, indices = masks.kept_blocks(transposed)
+        shared = counts.shape[0] == 1  # one mask for every head: head stride 0
+        block_args = (
+            counts,
+            0 if shared else counts.stride(0),
+            indices,
+            0 if shared else indices.stride(0),
+            indices.stride(1),
+        )
+    return (window, *doc_args, *block_args)
+
+
+def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks | None = None):
+    """o (B, H, Tq, D) and lse (B, H, Tq) fp32 from q (B, H, Tq, D) and k, v (B, H, Tk, D)."""
+    masks = masks or KernelMasks()
+    batch, heads, seq_len_q, _ = q.shape
+    seq_len_k = k.shape[2]
     qk_scale, *rng = params.scalars()
-    flash_fwd_kernel[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
+    flash_fwd_kernel[(triton.cdiv(seq_len_q, cfg.block_m), batch * heads)](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        heads, seq_len, qk_scale, *rng, **_flags(q, params, cfg),
+        heads, seq_len_q, seq_len_k, qk_scale, *rng,
+        *_mask_args(masks, seq_len_q, cfg.block_m, "queries", transposed=False),
+        SAFE_SOFTMAX=masks.any, **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
 def launch_preprocess(o, do, delta) -> None:
-    """delta (B, H, T) fp32 = rowsum(dO ∘ O)."""
+    """delta (B, H, Tq) fp32 = rowsum(dO ∘ O)."""
     batch, heads, seq_len, head_dim = o.shape
     flash_bwd_preprocess_kernel[(triton.cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads)](
         o, do, delta, *o.stride(), *do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M
     )
 
 
-def launch_dkdv(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> None:
-    batch, heads, seq_len, _ = q.shape
-    flash_bwd_dkdv_kernel[(triton.cdiv(seq_len, cfg.block_n), batch * heads)](
+def launch_dkdv(
+    q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks | None = None
+) -> None:
+    masks = masks or KernelMasks()
+    batch, heads, seq_len_q, _ = q.shape
+    seq_len_k = k.shape[2]
+    flash_bwd_dkdv_kernel[(triton.cdiv(seq_len_k, cfg.block_n), batch * heads)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        heads, seq_len, params.softmax_scale, *params.scalars(), **_flags(q, params, cfg),
+        heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
+        *_mask_args(masks, seq_len_q, cfg.block_n, "keys", transposed=True),
+        **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
-def launch_dq(q, k, v, do, lse, delta, dq, params: AttentionParams, cfg: LaunchConfig) -> None:
-    batch, heads, seq_len, _ = q.shape
-    flash_bwd_dq_kernel[(triton.cdiv(seq_len, cfg.block_m), batch * heads)](
+def launch_dq(
+    q, k, v, do, lse, delta, dq, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks | None = None
+) -> None:
+    masks = masks or KernelMasks()
+    batch, heads, seq_len_q, _ = q.shape
+    seq_len_k = k.shape[2]
+    flash_bwd_dq_kernel[(triton.cdiv(seq_len_q, cfg.block_m), batch * heads)](
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        heads, seq_len, params.softmax_scale, *params.scalars(), **_flags(q, params, cfg),
+        heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
+        *_mask_args(masks, seq_len_q, cfg.block_m, "queries", transposed=False),
+        **_flags(q, params, cfg, masks),
     )  # fmt: skip

@@ -1,0 +1,135 @@
+"""Mask helpers shared by the forward and both backward kernels: which tiles to visit, and which elements to keep.
+
+The semantics are those of `flashgpt.model.masks` (query i at absolute position p = Tk − Tq + i; causal j <= p;
+window p − W < j, and j < p + W without causal; same document id; kept block). A program owns one tile of rows
+and walks tiles of columns. For each mask it computes, from scalars only, two column ranges:
+
+    [lo, hi)            columns that SOME row of the tile may see: tiles outside it are never loaded
+    [full_lo, full_hi)  columns that EVERY row of the tile sees: tiles inside it skip the elementwise mask
+
+`split_tiles` turns the two ranges into three runs of tiles: masked, mask-free, masked. Only the masked runs pay
+for `visible` (a handful of integer compares per element); the mask-free run is the dense kernel's fast path.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def key_range(
+    start_m,
+    seq_len_q,
+    seq_len_k,
+    window_size,
+    BLOCK_M: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """Key ranges (lo, hi, full_lo, full_hi) for the query tile [start_m, start_m + BLOCK_M)."""
+    offset = seq_len_k - seq_len_q
+    first = offset + start_m  # absolute position of the tile's first and last (in-bounds) query
+    last = offset + tl.minimum(start_m + BLOCK_M, seq_len_q) - 1
+    lo = first * 0
+    full_lo = lo
+    hi = lo + seq_len_k
+    full_hi = hi
+    if CAUSAL:  # j <= p
+        hi = tl.minimum(hi, last + 1)
+        full_hi = tl.minimum(full_hi, first + 1)
+    if WINDOW:  # p − W < j, and j < p + W without causal
+        lo = tl.maximum(lo, first - window_size + 1)
+        full_lo = tl.maximum(full_lo, last - window_size + 1)
+        if not CAUSAL:
+            hi = tl.minimum(hi, last + window_size)
+            full_hi = tl.minimum(full_hi, first + window_size)
+    return lo, hi, full_lo, full_hi
+
+
+@triton.jit
+def query_range(
+    start_n,
+    seq_len_q,
+    seq_len_k,
+    window_size,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """Query-index ranges (lo, hi, full_lo, full_hi) for the key tile [start_n, start_n + BLOCK_N): the same
+    inequalities as `key_range`, solved for i = p − (Tk − Tq) instead of j."""
+    offset = seq_len_k - seq_len_q
+    first = start_n - offset  # the tile's first and last (in-bounds) key, in query-index coordinates
+    last = tl.minimum(start_n + BLOCK_N, seq_len_k) - 1 - offset
+    lo = first * 0
+    full_lo = lo
+    hi = lo + seq_len_q
+    full_hi = hi
+    if CAUSAL:  # i >= j − offset
+        lo = tl.maximum(lo, first)
+        full_lo = tl.maximum(full_lo, last)
+    if WINDOW:  # i < j − offset + W, and i > j − offset − W without causal
+        hi = tl.minimum(hi, last + window_size)
+        full_hi = tl.minimum(full_hi, first + window_size)
+        if not CAUSAL:
+            lo = tl.maximum(lo, first - window_size + 1)
+            full_lo = tl.maximum(full_lo, last - window_size + 1)
+    return lo, hi, full_lo, full_hi
+
+
+@triton.jit
+def intersect_ranges(lo, hi, full_lo, full_hi, other_lo, other_hi, other_full_lo, other_full_hi):
+    """Both masks hold: the visible ranges and the fully visible ranges intersect."""
+    return (
+        tl.maximum(lo, other_lo),
+        tl.minimum(hi, other_hi),
+        tl.maximum(full_lo, other_full_lo),
+        tl.minimum(full_hi, other_full_hi),
+    )
+
+
+@triton.jit
+def load_ranges(ranges_ptr):
+    """The four int32 (lo, hi, full_lo, full_hi) that the host stored for one tile (see `tile_schedule.py`)."""
+    return tl.load(ranges_ptr), tl.load(ranges_ptr + 1), tl.load(ranges_ptr + 2), tl.load(ranges_ptr + 3)
+
+
+@triton.jit
+def split_tiles(lo, hi, full_lo, full_hi, TILE: tl.constexpr):
+    """Tile starts [start, a) masked, [a, b) mask-free, [b, hi) masked, all multiples of TILE, covering [lo, hi).
+
+    A tile is mask-free only if it lies wholly inside both [full_lo, full_hi) and [lo, hi); callers pass hi <= the
+    number of columns, so mask-free tiles never read out of bounds. lo and full_lo are >= 0 here (they only grow
+    from 0), so the divisions below round down."""
+    start = lo // TILE * TILE
+    hi = tl.where(hi > lo, hi, start)  # an empty range visits nothing, not the tile holding lo
+    a = tl.maximum((full_lo + TILE - 1) // TILE * TILE, start)
+    b = tl.minimum(tl.maximum(full_hi, 0) // TILE * TILE, hi // TILE * TILE)
+    no_fast_path = a >= b
+    a = tl.where(no_fast_path, start, a)
+    b = tl.where(no_fast_path, start, b)
+    return start, a, b, hi
+
+
+@triton.jit
+def visible(
+    q_pos,
+    k_idx,
+    in_bounds,
+    window_size,
+    q_doc,
+    k_doc,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+):
+    """Elementwise visibility of query positions q_pos against key indices k_idx (any broadcastable shapes)."""
+    keep = in_bounds
+    if CAUSAL:
+        keep = keep & (k_idx <= q_pos)
+    if WINDOW:
+        keep = keep & (q_pos - window_size < k_idx)
+        if not CAUSAL:
+            keep = keep & (k_idx < q_pos + window_size)
+    if DOCS:
+        keep = keep & (q_doc == k_doc)
+    return keep

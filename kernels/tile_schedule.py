@@ -1,0 +1,93 @@
+"""Host-side tile schedules for the data-dependent masks: a few small tensor ops per call, no device sync.
+
+Causal and window masks are functions of the tile's coordinates, so the kernels derive their loop bounds from
+scalars (`masks.py`). Document ids and block masks are data, so each pass gets, for its tile of rows:
+
+- documents: (B, n_row_tiles, 4) int32 (lo, hi, full_lo, full_hi), the column range holding every column that
+  shares an id with some row of the tile, and the range whose columns all share the one id of every row (empty
+  unless the tile lies in a single document whose columns are contiguous, as they are in packed sequences);
+- block-sparse: per row block, how many column blocks it keeps and their indices in ascending order, compacted
+  like FlexAttention's kv_num_blocks / kv_indices, so a program loops over kept blocks only.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+def document_tile_ranges(row_ids: torch.Tensor, col_ids: torch.Tensor, tile: int) -> torch.Tensor:
+    """(B, ceil(R / tile), 4) int32 column ranges (lo, hi, full_lo, full_hi) for rows carrying row_ids (B, R)
+    against columns carrying col_ids (B, C); see the module docstring. Ids need not be contiguous or sorted."""
+    batch, n_cols = col_ids.shape
+    n_rows = row_ids.shape[1]
+    # Within each group of equal ids the stable sort keeps column order, so a group's first and last entries are
+    # the first and last column carrying that id.
+    sorted_ids, order = torch.sort(col_ids, dim=1, stable=True)
+    left = torch.searchsorted(sorted_ids, row_ids.contiguous())
+    right = torch.searchsorted(sorted_ids, row_ids.contiguous(), right=True)
+    present = right > left
+    first = order.gather(1, left.clamp(max=n_cols - 1))
+    last = order.gather(1, (right - 1).clamp(min=0))
+    contiguous = present & (last - first + 1 == right - left)
+
+    # Pad the last tile by repeating the last row: neutral for min, max and "every row carries one id".
+    n_tiles = math.ceil(n_rows / tile)
+    pad = torch.arange(n_tiles * tile, device=row_ids.device).clamp(max=n_rows - 1)
+
+    def tiled(t: torch.Tensor) -> torch.Tensor:
+        return t[:, pad].view(batch, n_tiles, tile)
+
+    lo = tiled(torch.where(present, first, n_cols)).amin(-1)
+    hi = tiled(torch.where(present, last + 1, 0)).amax(-1)
+    ids = tiled(row_ids)
+    one_doc = (ids.amin(-1) == ids.amax(-1)) & tiled(contiguous)[..., 0]
+    zero = torch.zeros_like(lo)
+    full_lo, full_hi = torch.where(one_doc, lo, zero), torch.where(one_doc, hi, zero)
+    return torch.stack([lo, hi, full_lo, full_hi], dim=-1).to(torch.int32).contiguous()
+
+
+def kept_block_lists(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a (H, R, C) bool block mask: counts (H, R) int32 of kept column blocks per row block, and indices
+    (H, R, C) int32 whose first counts[h, r] entries are the kept column blocks in ascending order."""
+    counts = block_mask.sum(-1, dtype=torch.int32)
+    # A stable sort of "dropped" (0 for kept) moves the kept blocks to the front and keeps them in order.
+    indices = torch.argsort((~block_mask).to(torch.uint8), dim=-1, stable=True)
+    return counts.contiguous(), indices.to(torch.int32).contiguous()
+
+
+@dataclass
+class KernelMasks:
+    """The masks of one call, validated by the caller, and their schedules, built once and shared by the passes.
+
+    window_size is None or already clamped to Tk (a wider window changes nothing); document_ids is (B, Tk),
+    block_mask (H or 1, ceil(Tq / block_size), ceil(Tk / block_size)) bool, on the device of q."""
+
+    window_size: int | None = None
+    document_ids: torch.Tensor | None = None
+    block_mask: torch.Tensor | None = None
+    block_size: int = 128
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def any(self) -> bool:
+        return self.window_size is not None or self.document_ids is not None or self.block_mask is not None
+
+    def document_ranges(self, seq_len_q: int, tile: int, rows: str) -> torch.Tensor:
+        """Column ranges per tile of `tile` rows; rows='queries' (columns are keys) or 'keys' (columns are
+        queries). A query's id is the entry at its absolute position Tk − Tq + i."""
+        key = ("docs", seq_len_q, tile, rows)
+        if key not in self._cache:
+            ids = self.document_ids
+            query_ids = ids[:, ids.shape[1] - seq_len_q :]
+            row_ids, col_ids = (query_ids, ids) if rows == "queries" else (ids, query_ids)
+            self._cache[key] = document_tile_ranges(row_ids, col_ids, tile)
+        return self._cache[key]
+
+    def kept_blocks(self, transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kept key blocks per query block, or with `transposed` kept query blocks per key block."""
+        key = ("blocks", transposed)
+        if key not in self._cache:
+            mask = self.block_mask.transpose(1, 2) if transposed else self.block_mask
+            self._cache[key] = kept_block_lists(mask)
+        return self._cache[key]
