@@ -1,0 +1,153 @@
+"""The context study: evaluations that isolate context (training/context_eval.py), context extension
+(training/extension.py), and scripts/study.py + scripts/study_report.py end to end on tiny settings."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashgpt.data import DataConfig, get_tokenizer, load_splits
+from flashgpt.data.shards import read_doc_ids
+from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.training.context_eval import (
+    LongDocuments,
+    long_documents,
+    passkey_scores,
+    passkey_trials,
+    position_bins,
+    sliding_windows,
+    summarize_losses,
+    token_losses,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = str(REPO / ".cache" / "data")
+CPU = torch.device("cpu")
+VOCAB = 50257
+
+
+@pytest.fixture(scope="module")
+def shakespeare_val() -> LongDocuments:
+    """The first 600 targets of every held-out Shakespeare document (all are longer)."""
+    cfg = DataConfig(cache_dir=CACHE)
+    splits = load_splits(cfg)
+    ids = read_doc_ids(Path(splits.meta["shard_dir"]))["val"]
+    return long_documents(splits.val, splits.val_docs, ids, length=600)
+
+
+def tiny_gpt(block_size: int, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(ModelConfig(name="tiny", n_layer=2, n_head=2, d_model=32), block_size, "sdpa")
+
+
+# --- loss by position and sliding windows ---
+
+
+@pytest.mark.parametrize("length,context,stride", [(48, 16, 5), (48, 16, 16), (50, 16, 1), (10, 16, 4), (33, 8, 3)])
+def test_sliding_windows_score_each_target_once_with_as_much_history_as_the_context_allows(length, context, stride):
+    width = min(context, length)
+    scored = np.zeros(length, dtype=int)
+    history = np.zeros(length, dtype=int)
+    for start, first in sliding_windows(length, context, stride):
+        assert 0 <= start <= first < start + width <= length
+        scored[first : start + width] += 1
+        history[first : start + width] = np.arange(first, start + width) - start + 1  # inputs start..i
+    assert (scored == 1).all()
+    assert (history[:width] == np.arange(1, width + 1)).all()  # the first window: everything before
+    assert (history[width:] >= context - stride + 1).all() and (history <= context).all()
+
+
+def test_token_losses_equal_a_float64_reference_that_runs_each_target_on_its_own_history():
+    model = tiny_gpt(block_size=64).double()
+    rng = np.random.default_rng(1)
+    docs = LongDocuments(["a", "b"], rng.integers(0, VOCAB, size=(2, 49)))
+    context, stride = 16, 5
+    got = token_losses(model, docs, context, stride, CPU, batch_tokens=40)  # several windows a batch
+    expected = np.empty_like(got)
+    for doc in range(2):
+        for i in range(docs.length):
+            # the window that scores target i ends at the first end past i: min(context + k·stride, length)
+            k = max(0, -(-(i + 1 - context) // stride))
+            start = min(context + k * stride, docs.length) - context if i >= context else 0
+            x = torch.from_numpy(docs.tokens[doc, start : i + 1])[None]
+            with torch.no_grad():
+                expected[doc, i] = F.cross_entropy(model(x)[0, -1], torch.tensor(docs.tokens[doc, i + 1])).item()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+    # With the whole document as context, each target sees everything before it: one forward pass.
+    whole = token_losses(model, docs, context=64, stride=64, device=CPU, batch_tokens=1)
+    with torch.no_grad():
+        x, y = torch.from_numpy(docs.tokens[:, :-1]), torch.from_numpy(docs.tokens[:, 1:])
+        full = F.cross_entropy(model(x).transpose(1, 2), y, reduction="none").numpy()
+    np.testing.assert_allclose(whole, full, rtol=0, atol=1e-12)
+
+
+def test_position_bins_double_from_the_first_and_cover_every_position():
+    assert position_bins(16384, 1024) == [(0, 1024), (1024, 2048), (2048, 4096), (4096, 8192), (8192, 16384)]
+    assert position_bins(100, 32) == [(0, 32), (32, 64), (64, 100)]
+    losses = np.arange(200, dtype=float).reshape(2, 100)
+    summary = summarize_losses(losses, position_bins(100, 32))
+    assert summary["bins"]["64-99"] == pytest.approx((np.arange(64, 100).mean() + np.arange(164, 200).mean()) / 2)
+    assert summary["per_doc"] == [49.5, 149.5] and summary["loss"] == pytest.approx(99.5)
+    with pytest.raises(ValueError, match="not scored"):
+        summarize_losses(np.full((1, 4), np.nan), position_bins(4, 2))
+
+
+def test_long_documents_are_whole_held_out_documents_cut_to_length(shakespeare_val):
+    docs = shakespeare_val
+    assert docs.tokens.shape == (len(docs.doc_ids), 601) and len(docs.doc_ids) >= 5
+    assert (docs.tokens[:, 0] == 50256).all() and not (docs.tokens[:, 1:] == 50256).any()  # one document each
+    cfg = DataConfig(cache_dir=CACHE)
+    splits = load_splits(cfg)
+    with pytest.raises(ValueError, match="no held-out document has"):
+        long_documents(splits.val, splits.val_docs, docs.doc_ids, length=10**8)
+    fewer = long_documents(splits.val, splits.val_docs, read_doc_ids(Path(splits.meta["shard_dir"]))["val"], 600, 3)
+    assert len(fewer.doc_ids) == 3 and set(fewer.doc_ids) <= set(docs.doc_ids)
+
+
+# --- passkey retrieval ---
+
+
+class InductionOracle(nn.Module):
+    """Predicts the token that followed the latest earlier occurrence of the last three tokens: a perfect
+    induction head. It retrieves a passkey exactly when the needle is within its input."""
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(*idx.shape, VOCAB, dtype=torch.float64)
+        for b, row in enumerate(idx.tolist()):
+            latest: dict[tuple[int, ...], int] = {}
+            for t in range(2, len(row)):
+                gram = tuple(row[t - 2 : t + 1])
+                if gram in latest:
+                    logits[b, t, row[latest[gram] + 1]] = 1.0
+                latest[gram] = t
+        return logits
+
+
+def test_passkey_trials_are_fixed_and_of_one_length_per_distance(shakespeare_val):
+    trials = passkey_trials(shakespeare_val, [10, 200], n_trials=6, seed=0)
+    again = passkey_trials(shakespeare_val, [10, 200], n_trials=6, seed=0)
+    encoding = get_tokenizer()
+    for distance, group in trials.items():
+        assert len({len(trial.tokens) for trial in group}) == 1
+        for trial, same in zip(group, again[distance], strict=True):
+            assert np.array_equal(trial.tokens, same.tokens)
+            text = encoding.decode(trial.tokens[trial.needle_start :].tolist())
+            key = encoding.decode(trial.tokens[trial.answer_start :].tolist()).strip()
+            assert len(key) == 5 and text.startswith(f" The pass key is {key}. Remember it.")
+            assert text.endswith(f"What is the pass key? The pass key is {key}")
+    other_seed = passkey_trials(shakespeare_val, [10], n_trials=6, seed=1)
+    assert not np.array_equal(other_seed[10][0].tokens, trials[10][0].tokens)
+    with pytest.raises(ValueError, match="passkey distance"):
+        passkey_trials(shakespeare_val, [590], n_trials=1, seed=0)
+
+
+def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shakespeare_val):
+    trials = passkey_trials(shakespeare_val, [20, 100, 300], n_trials=4, seed=0)
+    scores = passkey_scores(InductionOracle(), trials, context=200, device=CPU, batch_tokens=1000)
+    assert scores[20]["accuracy"] == 1.0 and scores[20]["needle_in_context"] == 1.0
+    assert scores[100]["accuracy"] == 1.0 and scores[100]["needle_in_context"] == 1.0
+    assert scores[300]["accuracy"] == 0.0 and scores[300]["needle_in_context"] == 0.0
+    assert scores[20]["key_loss"] < scores[300]["key_loss"]

@@ -1,0 +1,227 @@
+"""Evaluations that isolate what a longer context buys, for any trained model (scripts/study.py runs them).
+
+All three read long held-out documents: the validation documents of at least `length + 1` tokens, each cut to its
+first `length + 1` (its leading `<|endoftext|>`, then text). Target i of a document is its token i + 1, predicted
+from tokens 0..i: i is the target's absolute position in the document.
+
+1. Loss by absolute position. Every target is predicted with as much preceding context as the model is given,
+   `context` tokens at most (at most its block size): windows of `context` tokens slide over the document in steps
+   of `stride`, and each window scores only the targets the previous one did not reach, so every target is scored
+   once, with between context - stride + 1 and context tokens of history (all of it in the first window). Losses
+   are averaged in bins of absolute position, [0, 1K), [1K, 2K), [2K, 4K), ...: a model that uses distant context
+   shows loss falling with position, beyond the first bin.
+2. Same tokens, different context. The per-target losses above, averaged over every target: every model, at every
+   context, scores exactly the same targets, and only how much history each target gets differs. Scoring one model
+   at contexts 1K, 2K, ... up to its block size isolates the value of context with the weights held fixed.
+3. Passkey retrieval. A sentence holding a random five-digit key is put into held-out text, `distance` tokens of
+   text before a question about it; the model is right if, teacher-forced, every token of the key is its most
+   likely next token. Accuracy against distance shows how far back the model retrieves; a key more than the model's
+   context back is cut off and cannot be found.
+"""
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashgpt.data.tokenizer import EOT_ID, get_tokenizer
+from flashgpt.training.precision import autocast
+
+NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+ANSWER = " {key}"
+PASSKEY_PREFIX = 64  # tokens of text before the needle, so that it never sits at the document's start
+
+
+@dataclass(frozen=True)
+class LongDocuments:
+    doc_ids: list[str]
+    tokens: np.ndarray  # (n_docs, length + 1) int64: each document's first tokens, <|endoftext|> first
+
+    @property
+    def length(self) -> int:
+        """Targets per document."""
+        return self.tokens.shape[1] - 1
+
+
+def long_documents(
+    tokens: np.ndarray, doc_starts: np.ndarray, doc_ids: list[str], length: int, max_docs: int | None = None
+) -> LongDocuments:
+    """The documents of a split (tokens, their start offsets and ids) holding at least length + 1 tokens, cut to
+    that; `max_docs` of them at most, evenly spaced in split order."""
+    if length < 1:
+        raise ValueError(f"length={length}: need at least one target per document")
+    ends = np.append(doc_starts[1:], len(tokens))
+    chosen = np.flatnonzero(ends - doc_starts >= length + 1)
+    if len(chosen) == 0:
+        longest = int((ends - doc_starts).max(initial=0))
+        raise ValueError(
+            f"no held-out document has length + 1 = {length + 1} tokens (the longest has {longest}); lower the "
+            "evaluation length or use a corpus of long documents such as data=long_mix"
+        )
+    if max_docs is not None and max_docs < len(chosen):
+        chosen = chosen[np.arange(max_docs) * len(chosen) // max_docs]
+    windows = np.stack([np.asarray(tokens[doc_starts[i] : doc_starts[i] + length + 1]) for i in chosen])
+    return LongDocuments([doc_ids[i] for i in chosen], windows.astype(np.int64))
+
+
+def sliding_windows(length: int, context: int, stride: int) -> list[tuple[int, int]]:
+    """(start, first scored target) of the windows that score each of `length` targets once. A window covers the
+    inputs start..start + width - 1 (width = min(context, length)) and scores the targets from its second element
+    to its end: the first window all of them, each later one the `stride` (or fewer, for the last) targets past the
+    previous window's end."""
+    if context < 1 or not 1 <= stride <= context:
+        raise ValueError(f"need context >= 1 and 1 <= stride <= context; got context={context}, stride={stride}")
+    width = min(context, length)
+    windows, end = [(0, 0)], width
+    while end < length:
+        new_end = min(end + stride, length)
+        windows.append((new_end - width, end))
+        end = new_end
+    return windows
+
+
+@torch.no_grad()
+def token_losses(
+    model: nn.Module, docs: LongDocuments, context: int, stride: int, device: torch.device, batch_tokens: int
+) -> np.ndarray:
+    """Loss (nats, float64) of every target of every document, (n_docs, length), each target predicted with the
+    history `sliding_windows` gives it. `model` maps token ids (B, T) to logits (B, T, V) for T <= context;
+    batch_tokens bounds the tokens of one forward pass (at least one window)."""
+    plan = sliding_windows(docs.length, context, stride)
+    width = min(context, docs.length)
+    jobs = list(itertools.product(range(len(docs.doc_ids)), plan))  # (document, (start, first scored))
+    tokens = torch.from_numpy(docs.tokens)
+    losses = np.full((len(docs.doc_ids), docs.length), np.nan)
+    was_training = model.training
+    model.eval()
+    per_batch = max(1, batch_tokens // width)
+    for batch in (jobs[i : i + per_batch] for i in range(0, len(jobs), per_batch)):
+        rows = torch.tensor([doc for doc, _ in batch])
+        starts = torch.tensor([start for _, (start, _) in batch])
+        windows = tokens[rows[:, None], starts[:, None] + torch.arange(width + 1)].to(device)  # (b, width + 1)
+        batch_losses = _per_target_loss(model, windows[:, :-1], windows[:, 1:], device).cpu().numpy()
+        for (doc, (start, first)), row in zip(batch, batch_losses, strict=True):
+            losses[doc, first : start + width] = row[first - start :]
+    model.train(was_training)
+    return losses
+
+
+def _per_target_loss(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, device: torch.device
+) -> torch.Tensor:
+    with autocast(device):
+        logits = _at_least_fp32(model(inputs))  # (b, T, V)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets).double()
+
+
+def _at_least_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """bf16 logits (autocast) in fp32 for the softmax; fp32 and fp64 as they are."""
+    return logits.float() if logits.element_size() < 4 else logits
+
+
+def position_bins(length: int, first: int) -> list[tuple[int, int]]:
+    """[lo, hi) bins of absolute position covering 0..length - 1: [0, first), then doubling ([first, 2 first), ...)."""
+    if first < 1:
+        raise ValueError(f"the first position bin must hold at least one position, got {first}")
+    bounds = [0, first]
+    while bounds[-1] < length:
+        bounds.append(2 * bounds[-1])
+    return [(lo, min(hi, length)) for lo, hi in itertools.pairwise(bounds)]
+
+
+def bin_name(lo: int, hi: int) -> str:
+    return f"{lo}-{hi - 1}"
+
+
+def summarize_losses(losses: np.ndarray, bins: list[tuple[int, int]]) -> dict:
+    """Mean loss over all targets and per position bin, and the same per document (for paired comparisons)."""
+    if np.isnan(losses).any():
+        raise ValueError("some targets were not scored; the window plan does not cover the documents")
+    return {
+        "loss": float(losses.mean()),
+        "bins": {bin_name(lo, hi): float(losses[:, lo:hi].mean()) for lo, hi in bins},
+        "per_doc": losses.mean(axis=1).tolist(),
+        "per_doc_bins": {bin_name(lo, hi): losses[:, lo:hi].mean(axis=1).tolist() for lo, hi in bins},
+    }
+
+
+# --- passkey retrieval ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PasskeyTrial:
+    tokens: np.ndarray  # int64: <|endoftext|>, text, needle, `distance` tokens of text, question, answer
+    answer_start: int  # index in tokens of the answer's first token (keys take 1 to 3 tokens)
+    needle_start: int  # index in tokens of the needle's first token
+
+
+def passkey_trials(
+    docs: LongDocuments, distances: list[int], n_trials: int, seed: int
+) -> dict[int, list[PasskeyTrial]]:
+    """n_trials trials per distance, the same for every model (they depend on the documents and the seed only). The
+    text around the needle is a contiguous stretch of one long held-out document; within a distance every trial has
+    the same length (the text before the needle makes up for keys of fewer tokens)."""
+    encoding = get_tokenizer()
+    question = encoding.encode_ordinary(QUESTION)
+    trials = {}
+    for distance in distances:
+        if not 1 <= distance <= docs.length - 2 * PASSKEY_PREFIX:
+            raise ValueError(
+                f"passkey distance {distance} must be in [1, {docs.length - 2 * PASSKEY_PREFIX}]: the text around the "
+                f"needle comes from one document of {docs.length} targets"
+            )
+        rng = np.random.default_rng([seed, distance])
+        keys = rng.integers(10_000, 100_000, size=n_trials)
+        needles = [encoding.encode_ordinary(NEEDLE.format(key=key)) for key in keys]
+        answers = [encoding.encode_ordinary(ANSWER.format(key=key)) for key in keys]
+        longest = max(len(n) + len(a) for n, a in zip(needles, answers, strict=True))
+        trials[distance] = []
+        for needle, answer in zip(needles, answers, strict=True):
+            before = PASSKEY_PREFIX + longest - len(needle) - len(answer)
+            doc = int(rng.integers(len(docs.doc_ids)))
+            start = 1 + int(rng.integers(docs.length - before - distance + 1))  # past the <|endoftext|>
+            text = docs.tokens[doc, start : start + before + distance]
+            parts = [[EOT_ID], text[:before], needle, text[before:], question, answer]
+            tokens = np.concatenate([np.asarray(part, dtype=np.int64) for part in parts])
+            trials[distance].append(PasskeyTrial(tokens, len(tokens) - len(answer), 1 + before))
+    return trials
+
+
+@torch.no_grad()
+def passkey_scores(
+    model: nn.Module, trials: dict[int, list[PasskeyTrial]], context: int, device: torch.device, batch_tokens: int
+) -> dict[int, dict[str, float | bool]]:
+    """Per distance: accuracy (share of trials whose every key token is the argmax), the mean loss of a key token,
+    and the share of trials whose whole needle lies within the last `context` + 1 tokens the model is given (the
+    rest are cut off). Trials of one distance have one length (passkey_trials)."""
+    was_training = model.training
+    model.eval()
+    scores = {}
+    for distance, group in trials.items():
+        inputs = torch.from_numpy(np.stack([trial.tokens for trial in group]))[:, -(context + 1) :]
+        cut = len(group[0].tokens) - inputs.shape[1]  # tokens dropped from the left
+        answer_starts = torch.tensor([trial.answer_start - cut for trial in group])
+        tail = int(answer_starts.min())  # the first target scored in any trial
+        in_answer = torch.arange(tail, inputs.shape[1]) >= answer_starts[:, None]  # (n_trials, scored targets)
+        correct, key_losses = [], []
+        per_batch = max(1, batch_tokens // inputs.shape[1])
+        for batch, mask in zip(inputs.split(per_batch), in_answer.split(per_batch), strict=True):
+            batch = batch.to(device)
+            with autocast(device):
+                logits = _at_least_fp32(model(batch[:, :-1])[:, tail - 1 :])  # (b, scored targets, V)
+            targets, mask = batch[:, tail:], mask.to(device)
+            hit = (logits.argmax(-1) == targets) | ~mask
+            loss = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+            correct.append(hit.all(dim=1).cpu())
+            key_losses.append(((loss * mask).sum(1) / mask.sum(1)).cpu())
+        scores[distance] = {
+            "accuracy": torch.cat(correct).double().mean().item(),
+            "key_loss": torch.cat(key_losses).double().mean().item(),
+            "needle_in_context": float(np.mean([trial.needle_start >= cut for trial in group])),
+        }
+    model.train(was_training)
+    return scores
