@@ -1,6 +1,7 @@
 """The context study: evaluations that isolate context (training/context_eval.py), context extension
 (training/extension.py), and scripts/study.py + scripts/study_report.py end to end on tiny settings."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,8 @@ from torch import nn
 from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.training.checkpoint import save_checkpoint
+from flashgpt.training.config import TrainConfig
 from flashgpt.training.context_eval import (
     LongDocuments,
     long_documents,
@@ -22,6 +25,8 @@ from flashgpt.training.context_eval import (
     summarize_losses,
     token_losses,
 )
+from flashgpt.training.extension import ExtensionError, extend_from_checkpoint, tile_rows
+from flashgpt.training.schedule import build_scheduler, lr_at
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = str(REPO / ".cache" / "data")
@@ -151,3 +156,81 @@ def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shak
     assert scores[100]["accuracy"] == 1.0 and scores[100]["needle_in_context"] == 1.0
     assert scores[300]["accuracy"] == 0.0 and scores[300]["needle_in_context"] == 0.0
     assert scores[20]["key_loss"] < scores[300]["key_loss"]
+
+
+# --- context extension ---
+
+
+def _trained_state(block_size: int, train: TrainConfig, steps: int) -> tuple[GPT, dict]:
+    """A tiny model trained `steps` steps at `block_size`, and a checkpoint of it as the trainer writes one."""
+    model = tiny_gpt(block_size)
+    optimizer = model.configure_optimizer(train.lr, train.weight_decay, (train.beta1, train.beta2), "cpu")
+    scheduler = build_scheduler(optimizer, train)
+    for _ in range(steps):
+        x = torch.randint(0, VOCAB, (2, block_size + 1))
+        F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    config = {
+        "model": dataclasses.asdict(model.cfg),
+        "data": {"name": "long_mix", "val_fraction": 0.1},
+        "train": dataclasses.asdict(train),
+        "seq_len": block_size,
+    }
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "step": steps,
+        "rank_states": [{}],
+        "config": config,
+        "wandb_run_id": None,
+    }
+    return model, state
+
+
+def _fresh(block_size: int, train: TrainConfig):
+    model = tiny_gpt(block_size, seed=7)
+    optimizer = model.configure_optimizer(train.lr, train.weight_decay, (train.beta1, train.beta2), "cpu")
+    return model, optimizer, build_scheduler(optimizer, train)
+
+
+def test_extension_tiles_the_position_table_and_continues_weights_moments_and_schedule(tmp_path):
+    train = TrainConfig(batch_size=2, max_steps=10, warmup_steps=2, lr=1e-3)
+    short, state = _trained_state(16, train, steps=3)
+    save_checkpoint(state, tmp_path / "latest.pt")
+    model, optimizer, scheduler = _fresh(40, train)
+    config = {**state["config"], "seq_len": 40}
+    step = extend_from_checkpoint(tmp_path / "latest.pt", model, optimizer, scheduler, config, tokens_per_step=32)
+    assert step == 3
+    old_table, new_table = short.wpe.weight.detach(), model.wpe.weight.detach()
+    assert new_table.shape == (40, 32)
+    for p in range(40):
+        assert torch.equal(new_table[p], old_table[p % 16])
+    x = torch.randint(0, VOCAB, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(model(x), short(x))  # on windows of the old length it is the trained model
+    index = [p is model.wpe.weight for group in optimizer.param_groups for p in group["params"]].index(True)
+    old_moments = state["optimizer"]["state"][index]
+    new_moments = optimizer.state[model.wpe.weight]
+    for name in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(new_moments[name], torch.cat([old_moments[name]] * 3)[:40])
+    assert float(new_moments["step"]) == 3
+    assert scheduler.last_epoch == 3 and optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(4, train))
+
+
+def test_extension_refuses_a_checkpoint_of_another_schedule_model_or_a_longer_context(tmp_path):
+    train = TrainConfig(batch_size=2, max_steps=10, warmup_steps=2, lr=1e-3)
+    _, state = _trained_state(16, train, steps=1)
+    save_checkpoint(state, tmp_path / "latest.pt")
+    config = {**state["config"], "seq_len": 32, "train": {**state["config"]["train"], "lr": 2e-3}}
+    with pytest.raises(ExtensionError, match=r"train.lr=0.001 in the checkpoint, train.lr=0.002 now"):
+        extend_from_checkpoint(tmp_path / "latest.pt", *_fresh(32, train), config, tokens_per_step=32)
+    with pytest.raises(ExtensionError, match="32 tokens per step in the checkpoint, 64 now"):
+        extend_from_checkpoint(tmp_path / "latest.pt", *_fresh(32, train), {**state["config"], "seq_len": 32}, 64)
+    with pytest.raises(ExtensionError, match="not shorter than this run's 16"):
+        extend_from_checkpoint(tmp_path / "latest.pt", *_fresh(16, train), state["config"], tokens_per_step=32)
+    with pytest.raises(FileNotFoundError, match="extend_from="):
+        extend_from_checkpoint(tmp_path / "missing.pt", *_fresh(32, train), state["config"], tokens_per_step=32)
+    assert torch.equal(tile_rows(torch.arange(3.0)[:, None], 7)[:, 0], torch.tensor([0.0, 1, 2, 0, 1, 2, 0]))
