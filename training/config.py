@@ -11,6 +11,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from flashgpt.data.config import DataConfig
 from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, check_attention_config
 from flashgpt.model.gpt import ModelConfig
+from flashgpt.training.resolvers import register_resolvers
 
 # A guard against typos such as seq_len=655360: at 64K tokens GPT-2's learned position table alone is 50M
 # parameters, and the attention benchmarks stop at 16K.
@@ -90,6 +91,7 @@ class Config:
 
 
 def register_configs() -> None:
+    register_resolvers()  # the configs' ${batch_for:...} etc. resolve when composed
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
