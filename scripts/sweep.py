@@ -1,14 +1,16 @@
-"""Run an experiment preset over attention backends x context lengths: one process per run, resumable.
+"""Run an experiment preset over attention backends x context lengths in budgeted, resumable pieces.
 
-Each run trains in its own Hydra run dir, <out>/<backend>-<seq_len>. A dir that holds result.json is done and
-skipped, so the same command continues an interrupted sweep (GPU commands are capped at 10 minutes: pass
---budget-min and repeat the command until it prints "sweep complete"). Running out of memory is a result:
-train.py writes result.json with status "oom". A run that dies any other way gets a result.json with status
-"crashed" and its exit code from here, and the sweep goes on; delete its dir to run it again.
+The sweep itself is Hydra's: `python train.py -m experiment=long_context_speed attention=flash,sdpa
+seq_len=1024,4096,16384` runs the same grid, the preset deriving the batch from seq_len, an out-of-memory point
+recorded as a result. This script adds what a Hydra -m sweep cannot do:
 
-Every run gets train.batch_size = eval.batch_size = micro-batch tokens / seq_len, so each micro-step holds the
-same number of tokens at every context length (a Hydra -m sweep cannot tie the batch size to seq_len); the
-preset's train.tokens_per_step then derives grad_accum.
+- a time budget: with --budget-min it starts no run that would end past the budget and exits with status 2; the same
+  command continues later, for machines that cap a command's time (repeat it until it prints "sweep complete");
+- resumability: every run trains in a fixed dir, <out>/<backend>-<seq_len>, and one that holds result.json is done
+  and skipped (a -m sweep starts a new timestamped dir and reruns every point);
+- one process per run: a crash (a segfault, a CUDA error that poisons the process) ends that run only; it gets a
+  result.json with status "crashed", its exit code and the error line, and the sweep goes on (delete its dir to run
+  it again). Out of memory is a result written by train.py itself: status "oom".
 
     python scripts/sweep.py long_context_speed --budget-min 8
     python scripts/sweep.py long_context_ppl --attention flash --budget-min 8
@@ -41,25 +43,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for every run")
     parser.add_argument("--attention", type=csv_list(str), default=["naive", "flash", "sdpa"])
     parser.add_argument("--seq-lens", type=csv_list(int), default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--micro-batch-tokens", type=int, default=32768, help="tokens per micro-step")
     parser.add_argument("--budget-min", type=float, help="start no run that would end past this many minutes")
     parser.add_argument("--out", type=Path, help="sweep dir (default runs/<preset>)")
-    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
-    if bad := [t for t in args.seq_lens if args.micro_batch_tokens % t]:
-        parser.error(f"--micro-batch-tokens {args.micro_batch_tokens} is not a multiple of seq_len {bad}")
-    return args
+    return parser.parse_intermixed_args(argv)  # overrides may follow the options
 
 
 def train_command(args: argparse.Namespace, backend: str, seq_len: int, run_dir: Path) -> list[str]:
-    batch = args.micro_batch_tokens // seq_len
+    """One point of the grid; the preset derives the batch sizes from seq_len."""
     return [
         "python",
         "train.py",
         f"experiment={args.preset}",
         f"attention={backend}",
         f"seq_len={seq_len}",
-        f"train.batch_size={batch}",
-        f"eval.batch_size={batch}",
         *args.overrides,
         f"hydra.run.dir={run_dir}",
     ]

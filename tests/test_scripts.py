@@ -266,7 +266,7 @@ def test_bench_check_only_cpu_smoke(tmp_path: Path) -> None:
 
 
 def _sweep(out: Path, *options: str) -> subprocess.CompletedProcess:
-    grid = ["--attention", "sdpa,bogus", "--seq-lens", "64", "--micro-batch-tokens", "256", "--out", str(out)]
+    grid = ["--attention", "sdpa,bogus", "--seq-lens", "64", "--out", str(out)]
     tiny = ["model=gpt2-tiny", "data=shakespeare", "device=cpu", "train.tokens_per_step=256", "train.max_steps=2"]
     command = [sys.executable, "scripts/sweep.py", "long_context_speed", *grid, *options, *tiny, "wandb.mode=disabled"]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -278,7 +278,7 @@ def test_sweep_resumes_records_crashes_and_feeds_the_report(tmp_path: Path) -> N
     assert first.returncode == 2 and "stopping with 1 runs to go" in first.stdout, first.stdout + first.stderr
     ok = json.loads((out / "sdpa-64" / "result.json").read_text())
     assert ok["status"] == "ok" and ok["step"] == 2 and ok["tokens_per_step"] == 256
-    assert "train.batch_size=4" in json.loads((out / "sdpa-64" / "sweep.json").read_text())["command"]
+    assert "train.tokens_per_step=256" in json.loads((out / "sdpa-64" / "sweep.json").read_text())["command"]
     second = _sweep(out)
     assert second.returncode == 0 and "1 of 2 runs done" in second.stdout, second.stdout + second.stderr
     crashed = json.loads((out / "bogus-64" / "result.json").read_text())

@@ -71,6 +71,10 @@ class WandbConfig:
     entity: str | None = None
     name: str | None = None
     dir: str | None = None  # None: the run dir
+    group: str | None = None  # runs shown together, e.g. one sweep: wandb.group=long_context_speed
+    tags: list[str] = field(default_factory=list)  # wandb.tags=[flash,h100]
+    job_type: str = "train"
+    notes: str | None = None
 
 
 @dataclass

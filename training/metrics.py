@@ -1,7 +1,15 @@
 """Where numbers go: metrics.jsonl (always) and Weights & Biases (offline unless asked otherwise), from rank 0.
 
 Keys are namespaced: train/*, val/*, perf/*, mem/*. `val/loss_by_position` is a dict of position buckets in the
-jsonl and is flattened to `val/loss_by_position/<bucket>` for wandb, whose charts want scalars.
+jsonl and is flattened to `val/loss_by_position/<bucket>` for wandb, whose charts want scalars. In wandb every
+chart's x axis is train/tokens (define_metric), on which runs of different batch sizes and contexts line up.
+
+Offline resume (wandb 0.31, measured on its offline files): the resumed job writes a second
+wandb/offline-run-<time>-<id> dir with the same run id, whose history continues at the checkpoint's step + 1.
+`wandb sync <run dir>/wandb/offline-run-*` syncs the files of one run id one after the other in start-time order
+(`wandb sync --help`), into one run. Steps that the first job logged after its last checkpoint, before it stopped,
+the second logs again; W&B ignores rows logged at a step below the run's current one (its rule for wandb.log; a sync
+cannot be tried offline), so those steps keep the first job's values: with an exact resume, the same numbers.
 """
 
 import json
@@ -14,6 +22,7 @@ from flashgpt.training.config import WandbConfig
 
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
+TOKENS = "train/tokens"  # wandb's x axis
 
 
 class MetricsLogger:
@@ -42,7 +51,14 @@ class MetricsLogger:
             config=config,
             id=wandb_id,
             resume="allow" if wandb_id else None,
+            group=wandb_cfg.group,
+            tags=list(wandb_cfg.tags),
+            job_type=wandb_cfg.job_type,
+            notes=wandb_cfg.notes,
         )
+        self.run.define_metric(TOKENS)
+        for namespace in ("train", "val", "perf", "mem"):
+            self.run.define_metric(f"{namespace}/*", step_metric=TOKENS)
 
     @property
     def wandb_id(self) -> str:

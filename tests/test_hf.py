@@ -1,0 +1,152 @@
+"""GPT-2 weights in and out of Hugging Face transformers (model/hf.py), checked against transformers itself: a
+randomly initialised GPT2LMHeadModel (no network) -> import -> the same logits -> export -> from_pretrained -> the
+same logits again."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from flashgpt.model import hf
+from flashgpt.model.gpt import GPT, ModelConfig
+
+VOCAB = 50257  # GPT-2's; ours is padded to 50304
+N_POSITIONS = 32
+SHAPE = {"n_layer": 2, "n_head": 2, "d_model": 64}
+
+
+def source_model(seed: int = 0, **overrides) -> GPT2LMHeadModel:
+    """A small GPT-2 in transformers with every tensor random: LayerNorm gains and all biases too, so that a
+    swapped or untransposed tensor cannot go unnoticed."""
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        n_layer=SHAPE["n_layer"],
+        n_head=SHAPE["n_head"],
+        n_embd=SHAPE["d_model"],
+        n_positions=N_POSITIONS,
+        vocab_size=VOCAB,
+        attn_implementation="eager",
+        **overrides,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".ln_" in name and name.endswith("weight"):
+                param.normal_(1.0, 0.2)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.05)
+    return model
+
+
+@pytest.fixture(scope="module")
+def source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpt2-small-random")
+    source_model().save_pretrained(out)
+    return out
+
+
+def imported(source_dir: Path, block_size: int = N_POSITIONS, attention: str = "naive") -> GPT:
+    model = GPT(ModelConfig(name="tiny", **SHAPE), block_size, attention).eval()
+    hf.load_into(model, f"hf:{source_dir}")
+    return model
+
+
+def tokens(n: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_imported_weights_give_transformers_logits(source_dir: Path) -> None:
+    idx = tokens(N_POSITIONS)
+    theirs = source_model()(idx).logits  # (B, T, 50257)
+    ours = imported(source_dir)
+    torch.testing.assert_close(ours(idx)[..., :VOCAB], theirs, rtol=1e-5, atol=1e-5)
+    # In float64 (sdpa: the naive backend scores in fp32) the two agree to rounding: the mapping itself is exact.
+    theirs64 = source_model().double()(idx).logits
+    ours64 = imported(source_dir, attention="sdpa").double()
+    torch.testing.assert_close(ours64(idx)[..., :VOCAB], theirs64, rtol=0, atol=1e-12)
+
+
+@torch.no_grad()
+def test_imported_weights_give_transformers_logits_with_our_flash_kernel(source_dir: Path) -> None:
+    idx = tokens(N_POSITIONS)
+    theirs = source_model()(idx).logits
+    ours = imported(source_dir, attention="flash")  # the Triton kernel, through the interpreter on a CPU
+    torch.testing.assert_close(ours(idx)[..., :VOCAB], theirs, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_export_is_loaded_by_transformers_with_the_same_logits(source_dir: Path, tmp_path: Path) -> None:
+    ours = imported(source_dir)
+    hf.export(ours, tmp_path / "export")
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert (config["vocab_size"], config["n_positions"], config["n_embd"]) == (VOCAB, N_POSITIONS, 64)
+    reloaded = GPT2LMHeadModel.from_pretrained(tmp_path / "export", attn_implementation="eager").eval()
+    idx = tokens(N_POSITIONS, seed=2)
+    # Import then export gives the source's tensors back bit for bit, so the same computation gives the same bits.
+    assert torch.equal(reloaded(idx).logits, source_model()(idx).logits)
+    torch.testing.assert_close(reloaded(idx).logits, ours(idx)[..., :VOCAB], rtol=1e-5, atol=1e-5)
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.transformer.wte.weight.data_ptr()  # still tied
+
+
+@torch.no_grad()
+def test_padded_vocab_rows_are_the_mean_row_and_cost_at_most_log_1_plus_n_over_v(source_dir: Path) -> None:
+    ours, theirs = imported(source_dir), source_model()
+    wte = ours.wte.weight
+    n_pad = wte.size(0) - VOCAB
+    assert n_pad == 47
+    mean_row = theirs.transformer.wte.weight.mean(dim=0)
+    assert torch.equal(wte[VOCAB:], mean_row.expand(n_pad, -1))
+    idx = tokens(N_POSITIONS, seed=3)
+    targets = tokens(N_POSITIONS, seed=4)
+    loss_ours = F.cross_entropy(ours(idx).flatten(0, 1).double(), targets.flatten())
+    loss_theirs = F.cross_entropy(theirs(idx).logits.flatten(0, 1).double(), targets.flatten())
+    assert 0 < loss_ours - loss_theirs <= math.log1p(n_pad / VOCAB)  # Jensen's bound (model/hf.py)
+
+
+@torch.no_grad()
+def test_a_longer_context_tiles_the_position_table_and_keeps_the_first_positions_exact(source_dir: Path) -> None:
+    source_wpe = source_model().transformer.wpe.weight
+    ours = imported(source_dir, block_size=80)
+    wpe = ours.wpe.weight
+    assert torch.equal(wpe[:32], source_wpe) and torch.equal(wpe[32:64], source_wpe)
+    assert torch.equal(wpe[64:], source_wpe[:16])
+    idx = tokens(N_POSITIONS)
+    torch.testing.assert_close(ours(idx)[..., :VOCAB], source_model()(idx).logits, rtol=1e-5, atol=1e-5)
+    assert ours(tokens(80)).shape == (2, 80, 50304)
+
+
+@torch.no_grad()
+def test_a_shorter_context_keeps_the_first_rows(source_dir: Path) -> None:
+    ours = imported(source_dir, block_size=16)
+    assert torch.equal(ours.wpe.weight, source_model().transformer.wpe.weight[:16])
+    idx = tokens(16)
+    torch.testing.assert_close(ours(idx)[..., :VOCAB], source_model()(idx).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_config_of_another_shape_is_refused_with_the_fix(source_dir: Path) -> None:
+    model = GPT(ModelConfig(name="gpt2-tiny", n_layer=3, n_head=2, d_model=64), N_POSITIONS, "naive")
+    with pytest.raises(ValueError, match=r"has n_layer, n_head, d_model = \(2, 2, 64\), but model=gpt2-tiny has"):
+        hf.load_into(model, f"hf:{source_dir}")
+
+
+def test_another_architecture_is_refused(tmp_path: Path) -> None:
+    source_model(activation_function="relu", scale_attn_by_inverse_layer_idx=True).save_pretrained(tmp_path)
+    model = GPT(ModelConfig(name="tiny", **SHAPE), N_POSITIONS, "naive")
+    with pytest.raises(ValueError, match="activation_function='relu', scale_attn_by_inverse_layer_idx=True"):
+        hf.load_into(model, f"hf:{tmp_path}")
+
+
+@pytest.mark.parametrize("init_from", ["gpt2", "hf:", "/models/gpt2"])
+def test_init_from_needs_the_hf_prefix(init_from: str) -> None:
+    with pytest.raises(ValueError, match=r"expected hf:<directory or Hub name>"):
+        hf.hf_source(init_from)
+
+
+def test_a_missing_source_says_what_to_give(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match=r"model.init_from=hf:.*no-such-model: transformers could not load a GPT-2"):
+        hf.load_hf_gpt2(str(tmp_path / "no-such-model"))
