@@ -478,18 +478,20 @@ def _dq_key_range(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
+    EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """Same split as the forward: masked run, mask-free run, masked run (causal band or ragged tail)."""
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
-    dq = _dq_tiles(
-        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-        offs_m, offs_d, start, fast_lo, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, DROPOUT, UPCAST,
-        INPUT_PRECISION,
-    )  # fmt: skip
+    if EXTRA_MASKS:  # causal masking alone has no leading masked run (see the forward)
+        dq = _dq_tiles(
+            dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt,
+            stride_vd, offs_m, offs_d, start, fast_lo, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
+            offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, DROPOUT,
+            UPCAST, INPUT_PRECISION,
+        )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
         offs_m, offs_d, fast_lo, fast_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
@@ -562,6 +564,7 @@ def flash_bwd_dq_kernel(
     DOCS: tl.constexpr,
     SPARSE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
+    EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -616,14 +619,14 @@ def flash_bwd_dq_kernel(
                 stride_vd, offs_m, offs_d, tl.maximum(lo, block_lo), tl.minimum(hi, block_hi),
                 tl.maximum(full_lo, block_lo), tl.minimum(full_hi, block_hi), seq_len_k, window_size, qk_scale, bh,
                 seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS,
-                DROPOUT, UPCAST, INPUT_PRECISION,
+                EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
             )  # fmt: skip
     else:
         dq = _dq_key_range(
             dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
             offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
-            offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, DROPOUT, UPCAST,
-            INPUT_PRECISION,
+            offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT,
+            UPCAST, INPUT_PRECISION,
         )  # fmt: skip
 
     dq_head = head_start(DQ, b, h, stride_dqb, stride_dqh)

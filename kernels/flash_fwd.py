@@ -15,8 +15,9 @@ scaled scores, which is all the backward needs to rebuild the probabilities: P =
 
 Masks (see `masks.py`) only change which key tiles a program visits and which of them apply the elementwise mask.
 A row can see nothing in a tile while its running max is still −inf (a window or document starts further right, or
-a block-sparse row is empty); SAFE_SOFTMAX then subtracts 0 instead of −inf, so such rows add exp2(−inf) = 0, and a
-row that sees no key at all ends with l = 0, which gives o = 0 and LSE = −inf.
+a block-sparse row is empty). With EXTRA_MASKS (a window, documents or a block mask given) the kernel then
+subtracts 0 instead of −inf, so such rows add exp2(−inf) = 0, and a row that sees no key at all ends with l = 0,
+which gives o = 0 and LSE = −inf. Plain causal masking needs none of this: every row sees key 0 first.
 """
 
 import triton
@@ -62,7 +63,7 @@ def _forward_tiles(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
-    SAFE_SOFTMAX: tl.constexpr,
+    EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -100,7 +101,7 @@ def _forward_tiles(
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # In a mask-free tile, or under plain causal masking, every row has seen a visible column by now.
         m_sub = m_new
-        if MASKED and SAFE_SOFTMAX:
+        if MASKED and EXTRA_MASKS:
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_sub[:, None])
         alpha = tl.exp2(m_i - m_sub)
@@ -149,31 +150,32 @@ def _forward_key_range(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
-    SAFE_SOFTMAX: tl.constexpr,
+    EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """Key tiles [lo, hi): a masked run, the mask-free run inside [full_lo, full_hi), and a masked run. With plain
-    causal masking the first run is empty and the last is the diagonal band; without masks the last is the ragged
-    tile when Tk is not a multiple of BLOCK_N."""
+    causal masking the first run is empty (and not compiled) and the last is the diagonal band; without masks the
+    last is the ragged tile when Tk is not a multiple of BLOCK_N."""
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
-    acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-        offs_m, offs_d, start, fast_lo, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
-        INPUT_PRECISION,
-    )  # fmt: skip
+    if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
+        acc, l_i, m_i = _forward_tiles(
+            acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
+            offs_m, offs_d, start, fast_lo, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+            dropout_threshold, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
+            INPUT_PRECISION,
+        )  # fmt: skip
     acc, l_i, m_i = _forward_tiles(
         acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
         offs_m, offs_d, fast_lo, fast_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+        dropout_threshold, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
         INPUT_PRECISION,
     )  # fmt: skip
     acc, l_i, m_i = _forward_tiles(
         acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
         offs_m, offs_d, fast_hi, end, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+        dropout_threshold, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
         INPUT_PRECISION,
     )  # fmt: skip
     return acc, l_i, m_i
@@ -229,7 +231,7 @@ def flash_fwd_kernel(
     DOCS: tl.constexpr,
     SPARSE: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
-    SAFE_SOFTMAX: tl.constexpr,
+    EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -284,18 +286,18 @@ def flash_fwd_kernel(
                 acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
                 offs_m, offs_d, tl.maximum(lo, block_lo), tl.minimum(hi, block_hi), tl.maximum(full_lo, block_lo),
                 tl.minimum(full_hi, block_hi), seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-                dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+                dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
                 INPUT_PRECISION,
             )  # fmt: skip
     else:
         acc, l_i, m_i = _forward_key_range(
             acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
             offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
-            offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SAFE_SOFTMAX, DROPOUT, UPCAST,
+            offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
             INPUT_PRECISION,
         )  # fmt: skip
 
-    if SAFE_SOFTMAX:  # a row that saw no key has l = 0 and acc = 0: o = 0 and LSE = −inf + log2(1) = −inf
+    if EXTRA_MASKS:  # a row that saw no key has l = 0 and acc = 0: o = 0 and LSE = −inf + log2(1) = −inf
         l_i = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc * (dropout_scale / l_i)[:, None]
     tl.store(

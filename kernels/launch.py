@@ -145,7 +145,7 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads, seq_len_q, seq_len_k, qk_scale, *rng,
         *_mask_args(masks, seq_len_q, cfg.block_m, "queries", transposed=False),
-        SAFE_SOFTMAX=masks.any, **_flags(q, params, cfg, masks),
+        EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
@@ -183,5 +183,5 @@ def launch_dq(
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
         *_mask_args(masks, seq_len_q, cfg.block_m, "queries", transposed=False),
-        **_flags(q, params, cfg, masks),
+        EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
     )  # fmt: skip

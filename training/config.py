@@ -2,6 +2,8 @@
 file and command-line override is checked against these dataclasses: a misspelt key or a wrong type fails at
 start-up, before any work. `validate` adds the checks that span fields."""
 
+import logging
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -9,9 +11,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from flashgpt.data.config import DataConfig
+from flashgpt.data.tokenizer import TOKENIZER_NAME, VOCAB_SIZE
 from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, check_attention_config
 from flashgpt.model.gpt import ModelConfig
 from flashgpt.training.resolvers import register_resolvers
+
+log = logging.getLogger(__name__)
 
 # A guard against typos such as seq_len=655360: at 64K tokens GPT-2's learned position table alone is 50M
 # parameters, and the attention benchmarks stop at 16K.
@@ -91,6 +96,7 @@ class Config:
     device: Device = Device.auto
     seed: int = 0
     resume: str | None = None  # a checkpoint path, or "auto": the run dir's latest checkpoint if there is one
+    overwrite: bool = False  # start afresh in a run dir that holds a run, deleting its metrics and checkpoints
     compile: bool = False  # torch.compile the model
 
 
@@ -112,10 +118,33 @@ def validate(cfg: Config) -> None:
     if cfg.attention.name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention.name={cfg.attention.name!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
     check_attention_config(cfg.attention)
+    for key in ("n_layer", "n_head", "d_model"):
+        if getattr(cfg.model, key) < 1:
+            raise ValueError(f"model.{key}={getattr(cfg.model, key)} must be at least 1")
+    if cfg.model.vocab_size < VOCAB_SIZE:
+        raise ValueError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {VOCAB_SIZE} tokens "
+            f"({TOKENIZER_NAME}); every token id needs a row (GPT-2 pads it to 50304)"
+        )
     if cfg.model.d_model % cfg.model.n_head:
         raise ValueError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_head={cfg.model.n_head}")
+    floats = {
+        "train.lr": cfg.train.lr,
+        "train.min_lr": cfg.train.min_lr,
+        "train.weight_decay": cfg.train.weight_decay,
+        "train.beta1": cfg.train.beta1,
+        "train.beta2": cfg.train.beta2,
+        "train.grad_clip": cfg.train.grad_clip,
+        "model.dropout": cfg.model.dropout,
+    }
+    for key, value in floats.items():
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{key}={value} must be a finite number")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ValueError(f"model.dropout={cfg.model.dropout} must be in [0, 1)")
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= getattr(cfg.train, key) < 1.0:
+            raise ValueError(f"train.{key}={getattr(cfg.train, key)} must be in [0, 1)")
     span_len = cfg.eval.span_len
     if span_len is not None and (span_len < cfg.seq_len or span_len % cfg.seq_len):
         raise ValueError(
@@ -152,6 +181,14 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"{key}={value} must be >= 0")
     if cfg.train.min_lr is not None and not 0 <= cfg.train.min_lr <= cfg.train.lr:
         raise ValueError(f"train.min_lr={cfg.train.min_lr} must be in [0, train.lr={cfg.train.lr}] (null: lr / 10)")
+    if cfg.train.warmup_steps > cfg.train.max_steps:
+        # Legitimate in a smoke test, a mistake in a real run: warn rather than refuse.
+        log.warning(
+            f"train.warmup_steps={cfg.train.warmup_steps} is longer than the run (train.max_steps="
+            f"{cfg.train.max_steps}): the learning rate only climbs to "
+            f"{cfg.train.max_steps / cfg.train.warmup_steps:.0%} of train.lr={cfg.train.lr} and never decays; "
+            "lower train.warmup_steps"
+        )
 
 
 def grad_accum_steps(train: TrainConfig, seq_len: int, world_size: int) -> int:
