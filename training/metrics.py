@@ -13,12 +13,15 @@ cannot be tried offline), so those steps keep the first job's values: with an ex
 """
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import wandb
 
 from flashgpt.training.config import WandbConfig
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
@@ -40,8 +43,8 @@ class MetricsLogger:
         self.run_dir = run_dir
         self.path = run_dir / METRICS_FILE
         if self.path.exists():
-            lines = self.path.read_text().splitlines()
-            self.path.write_text("".join(f"{line}\n" for line in lines if json.loads(line)["step"] <= resume_step))
+            kept = [line for line, record in _read_records(self.path) if record["step"] <= resume_step]
+            self.path.write_text("".join(f"{line}\n" for line in kept))
         self.run = wandb.init(
             project=wandb_cfg.project,
             entity=wandb_cfg.entity,
@@ -74,6 +77,21 @@ class MetricsLogger:
         (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
         self.run.summary.update(_flatten(result))
         self.run.finish(exit_code=1 if result["status"] == "nan" else 0)  # an OOM is a result, not a crash
+
+
+def _read_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The lines of a metrics.jsonl with their records. A last line cut short (the process was killed while
+    writing it) is dropped with a warning; any other unreadable line is an error naming it."""
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append((line, json.loads(line)))
+        except json.JSONDecodeError as error:
+            if number < len(lines):
+                raise ValueError(f"{path}, line {number} is not JSON ({error}); delete or repair that line") from error
+            log.warning(f"{path}: dropped its last line, cut short by an interrupted write: {line[:80]!r}")
+    return records
 
 
 def _flatten(metrics: dict[str, Any]) -> dict[str, Any]:
