@@ -60,14 +60,31 @@ def kept_block_lists(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 class KernelMasks:
     """The masks of one call, validated by the caller, and their schedules, built once and shared by the passes.
 
-    window_size is None or already clamped to Tk (a wider window changes nothing); document_ids is (B, Tk),
-    block_mask (H or 1, ceil(Tq / block_size), ceil(Tk / block_size)) bool, on the device of q."""
+    window_size is None or < Tk; document_ids is (B, Tk) with unit stride, block_mask (H or 1, ceil(Tq / block_size),
+    ceil(Tk / block_size)) bool, both on the device of q. `build` makes them so."""
 
     window_size: int | None = None
     document_ids: torch.Tensor | None = None
     block_mask: torch.Tensor | None = None
     block_size: int = 128
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def build(
+        cls,
+        seq_len_k: int,
+        window_size: int | None = None,
+        document_ids: torch.Tensor | None = None,
+        block_mask: torch.Tensor | None = None,
+        block_size: int = 128,
+    ) -> "KernelMasks":
+        """From flash_attention's (validated) arguments: a window of Tk or more keys masks nothing, so it is dropped
+        (which also keeps p ± W within int32); the kernels read document ids with unit stride."""
+        if window_size is not None and window_size >= seq_len_k:
+            window_size = None
+        if document_ids is not None:
+            document_ids = document_ids.contiguous()
+        return cls(window_size, document_ids, block_mask, block_size)
 
     @property
     def any(self) -> bool:
