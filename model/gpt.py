@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from flashgpt.model.attention import AttentionConfig, AttentionMask, build_attention
 from flashgpt.model.kv_cache import KVCache
+from flashgpt.model.loss import linear_cross_entropy, per_token_cross_entropy
 from flashgpt.model.masks import num_blocks
 from flashgpt.model.sparsity import block_mask_for, build_block_mask, visible_fraction
 
@@ -123,8 +124,19 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: Tensor, *, document_ids: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
-        """idx: (B, T) token ids -> logits (B, T, V).
+    def forward(
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        *,
+        reduction: str = "mean",
+        document_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """idx: (B, T) token ids -> logits (B, T, V); with targets (B, T), the cross-entropy instead:
+        reduction="mean" a scalar (training), "none" one loss per token (B, T) (evaluation by position).
+        The loss is computed chunk by chunk from the hidden states (model/loss.py): the (B·T, V) logits of a
+        training step are never materialised.
         document_ids (B, T), or (B, past + T) with a cache: a token attends only within its document.
         cache: idx continues the tokens it holds (their positions follow on); their keys and values are appended."""
         n_tokens = idx.size(1)
@@ -140,7 +152,16 @@ class GPT(nn.Module):
             x = block(x, mask, cache, layer)
         if cache is not None:
             cache.advance(n_tokens)
-        return self.lm_head(self.ln_f(x))  # (B, T, V)
+        x = self.ln_f(x)
+        if targets is None:
+            return self.lm_head(x)  # (B, T, V)
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets of shape {tuple(targets.shape)} do not match idx {tuple(idx.shape)}")
+        if reduction == "mean":
+            return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten())
+        if reduction == "none":
+            return per_token_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten()).view_as(targets)
+        raise ValueError(f'reduction={reduction!r}; choose "mean" or "none"')
 
     def attention_mask(self, seq_len_q: int, seq_len_k: int, document_ids: Tensor | None = None) -> AttentionMask:
         """What the queries, the last seq_len_q of seq_len_k positions, may see: causal, and the configured window
@@ -180,5 +201,7 @@ class GPT(nn.Module):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        # The fused CUDA implementation updates all parameters in a few kernel launches instead of one per tensor.
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=device_type == "cuda")
+        # The fused implementation (CUDA and CPU) updates all parameters in a few kernel launches instead of one per
+        # tensor, and can skip an update on the device when a step's loss or gradients are not finite
+        # (training/step.py), with no host sync.
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=device_type in ("cuda", "cpu"))

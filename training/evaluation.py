@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flashgpt.data.eval_spans import held_out_spans
@@ -65,9 +64,8 @@ class Evaluator:
             batch = batch.to(device)
             x, y = batch[:, :-1], batch[:, 1:]  # (b, T) each
             with autocast(device):
-                logits = model(x)  # (b, T, V)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")  # (b·T,)
-            loss_sum += loss.view(len(batch), self.seq_len).sum(dim=0, dtype=torch.float64)
+                loss = model(x, y, reduction="none")  # (b, T) fp32, without materialising (b, T, V) logits
+            loss_sum += loss.sum(dim=0, dtype=torch.float64)
         model.train(was_training)
         totals = all_reduce_sum(torch.cat([loss_sum, n_windows.view(1)]), self.ctx)
         loss_by_position = (totals[:-1] / totals[-1]).tolist()

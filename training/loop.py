@@ -5,13 +5,11 @@ import math
 import random
 import statistics
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -21,14 +19,11 @@ from flashgpt.data import load_splits
 from flashgpt.data.batches import get_batch
 from flashgpt.data.sampler import WindowSampler
 from flashgpt.model.attention import prepare_backend
-from flashgpt.model.gpt import GPT
 from flashgpt.training.checkpoint import (
     LATEST,
-    CheckpointError,
     capture_rng_state,
     checkpoint_dir,
-    last_good_checkpoint,
-    load_training_state,
+    load_checkpoint,
     resolve_resume,
     restore_rng_state,
     save_checkpoint,
@@ -37,7 +32,6 @@ from flashgpt.training.config import Config, grad_accum_steps, typed_config, val
 from flashgpt.training.distributed import (
     DistContext,
     all_gather_objects,
-    all_reduce_sum,
     broadcast_object,
     init_distributed,
 )
@@ -46,10 +40,7 @@ from flashgpt.training.evaluation import Evaluator
 from flashgpt.training.failures import NonFiniteLossError, oom_request_gib
 from flashgpt.training.metrics import MetricsLogger
 from flashgpt.training.mfu import device_name, mfu, peak_flops_per_sec
-from flashgpt.training.resume import apply_optimizer_settings, check_resume_config, optimizer_settings
-from flashgpt.training.run_dir import claim_run_dir
-from flashgpt.training.precision import autocast
-from flashgpt.training.schedule import build_scheduler
+from flashgpt.training.step import StepNumbers, TrainStep, build_model_and_optimizer, compile_model
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +55,6 @@ def run(cfg: DictConfig, run_dir: Path) -> str:
     try:
         # Under torchrun every rank composes its own run dir (${now:...} may differ by a second): use rank 0's.
         run_dir = Path(broadcast_object(str(run_dir), ctx))
-        claim_run_dir(run_dir, config.resume, config.overwrite, ctx.is_main)
         resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         return Trainer(config, resolved, run_dir, ctx).train()
     finally:
@@ -76,11 +66,6 @@ class Trainer:
         """Build data, model, optimizer and logger from `cfg` (resolved_cfg: the same, as saved in checkpoints)."""
         self.cfg, self.resolved_cfg, self.run_dir, self.ctx = cfg, resolved_cfg, run_dir, ctx
         device = ctx.device
-        # The checkpoint is verified and its config compared with this run's before any data or model is built.
-        resume_from = resolve_resume(cfg.resume, run_dir)
-        saved = load_training_state(resume_from) if resume_from else None
-        if saved:
-            check_resume_config(saved["config"], resolved_cfg, resume_from)
         self.grad_accum = grad_accum_steps(cfg.train, cfg.seq_len, ctx.world_size)
         self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * ctx.world_size
         if prepare_backend(cfg.attention.name, device):
@@ -99,11 +84,7 @@ class Trainer:
         )
         self.evaluator = Evaluator(splits.val, splits.val_docs, cfg.seq_len, cfg.eval, ctx)
 
-        self.raw_model = GPT(cfg.model, cfg.seq_len, cfg.attention.name).to(device)
-        self.optimizer = self.raw_model.configure_optimizer(
-            cfg.train.lr, cfg.train.weight_decay, (cfg.train.beta1, cfg.train.beta2), device.type
-        )
-        self.scheduler = build_scheduler(self.optimizer, cfg.train)
+        self.raw_model, self.optimizer, self.scheduler = build_model_and_optimizer(cfg, device)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.seq_len)
         self.peak_flops = peak_flops_per_sec(device_name(device))
         if self.peak_flops is None:
@@ -111,12 +92,22 @@ class Trainer:
 
         self.step = 0
         self.last_checkpoint: Path | None = None
-        wandb_id = self._resume(resume_from, saved)
+        wandb_id = self._resume(resolve_resume(cfg.resume, run_dir))
 
-        model = torch.compile(self.raw_model) if cfg.compile else self.raw_model
+        model = compile_model(self.raw_model) if cfg.compile else self.raw_model
         if ctx.is_distributed:
             model = DistributedDataParallel(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
-        self.model = model
+        self.train_step = TrainStep(
+            model,
+            self.optimizer,
+            self.scheduler,
+            grad_accum=self.grad_accum,
+            grad_clip=cfg.train.grad_clip,
+            ctx=ctx,
+        )
+        # Steps queued on the device whose numbers the host has not read yet: (step, lr, numbers).
+        self.in_flight: list[tuple[int, float, StepNumbers]] = []
+        self.clock = 0.0  # when the last read step finished or the device last sat idle (perf_counter)
         self.metrics = (
             MetricsLogger(run_dir, cfg.wandb, resolved_cfg, resume_step=self.step, wandb_id=wandb_id)
             if ctx.is_main
@@ -131,26 +122,22 @@ class Trainer:
             f"device {device_name(device)}"
         )
 
-    def _resume(self, path: Path | None, state: dict[str, Any] | None) -> str | None:
-        """Restore the full training state loaded from `path`; returns the wandb run id to continue."""
+    def _resume(self, path: Path | None) -> str | None:
+        """Restore the full training state from `path`; returns the wandb run id to continue."""
         if path is None:
             if self.cfg.resume == "auto":
                 log.info(f"resume=auto: no checkpoint in {checkpoint_dir(self.run_dir)}, starting fresh")
             return None
+        state = load_checkpoint(path)
         rank_states = state["rank_states"]
         if len(rank_states) != self.ctx.world_size:
             raise ValueError(
                 f"{path} was written by {len(rank_states)} processes; resume it with the same number (now "
                 f"{self.ctx.world_size}) so every data shard and RNG stream continues where it stopped"
             )
-        settings = optimizer_settings(self.optimizer)  # this run's hyperparameters, which the load overwrites
-        try:
-            self.raw_model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError) as error:
-            raise CheckpointError(f"checkpoint {path} does not fit the model of this run: {error}") from error
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        apply_optimizer_settings(self.optimizer, self.scheduler, settings)
         self.sampler.load_state_dict(rank_states[self.ctx.rank]["sampler"])
         restore_rng_state(rank_states[self.ctx.rank]["rng"])
         self.step = state["step"]
@@ -168,23 +155,32 @@ class Trainer:
         )
         try:
             with logging_redirect_tqdm():
+                self.clock = time.perf_counter()
                 while self.step < last_step:
                     self.step += 1
-                    record = self._train_step()
-                    if _due(self.step, cfg.eval.every, last_step):
+                    self._queue_step()
+                    evaluate = _due(self.step, cfg.eval.every, last_step)
+                    checkpoint = cfg.checkpoint.every and _due(self.step, cfg.checkpoint.every, last_step)
+                    # The host reads the previous step's numbers while the device runs this one. An evaluation, a
+                    # checkpoint or the end first reads every step: a checkpoint must follow finite steps only.
+                    records = self._read_steps(keep=0 if evaluate or checkpoint or self.step == last_step else 1)
+                    if evaluate:
                         self.last_val = self.evaluator.evaluate(self.raw_model)
-                        record.update(self.last_val)
-                    if _due(self.step, cfg.log.every, last_step) or "val/loss" in record:
-                        self._log(record)
-                    progress.set_postfix(_postfix(record), refresh=False)
+                        records[-1][1].update(self.last_val)  # this step's record: keep=0 read it
+                    for step, record in records:
+                        if _due(step, cfg.log.every, last_step) or "val/loss" in record:
+                            self._log(record, step)
+                        progress.set_postfix(_postfix(record), refresh=False)
                     progress.update()
-                    if cfg.checkpoint.every and _due(self.step, cfg.checkpoint.every, last_step):
+                    if checkpoint:
                         self._save_checkpoint()
+                    if evaluate or checkpoint:
+                        self.clock = time.perf_counter()  # the device sat idle meanwhile: no step's time
             if not self.last_val:  # resumed a run that had already reached its last step
                 self.last_val = self.evaluator.evaluate(self.raw_model)
             return self._finish("ok")
         except NonFiniteLossError as error:
-            last_good = last_good_checkpoint(self.last_checkpoint)
+            last_good = str(self.last_checkpoint) if self.last_checkpoint else None
             log.error(f"{error}; last good checkpoint: {last_good or 'none (no checkpoint was written yet)'}")
             return self._finish("nan", message=str(error), last_checkpoint=last_good)
         except torch.cuda.OutOfMemoryError as error:
@@ -198,51 +194,50 @@ class Trainer:
         finally:
             progress.close()
 
-    def _train_step(self) -> dict[str, Any]:
-        """One optimizer step of grad_accum micro-batches; returns its train/, perf/ and mem/ metrics."""
-        cfg, device = self.cfg, self.ctx.device
-        started = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        for micro_step in range(self.grad_accum):
-            x, y = get_batch(self.train_tokens, self.sampler.next_starts(), cfg.seq_len, device)  # (B, T) each
-            # DDP all-reduces gradients in backward; only the last micro-step's reduction is needed.
-            last_micro_step = micro_step == self.grad_accum - 1
-            no_sync = self.model.no_sync() if self.ctx.is_distributed and not last_micro_step else nullcontext()
-            with no_sync:
-                with autocast(device):
-                    logits = self.model(x)  # (B, T, V)
-                    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-                (loss / self.grad_accum).backward()
-            loss_sum += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.train.grad_clip or float("inf"))
-        # One host sync per step: the loss and norm are checked before the update can spread a NaN into weights.
-        loss_and_norm = all_reduce_sum(torch.stack([loss_sum / self.grad_accum, grad_norm]), self.ctx)
-        loss, norm = (loss_and_norm / self.ctx.world_size).tolist()
-        for what, value in (("loss", loss), ("gradient norm", norm)):
-            if not math.isfinite(value):
-                raise NonFiniteLossError(what, value, self.step)
+    def _queue_step(self) -> None:
+        """Queue this step's work on the device; the host reads its numbers later (_read_steps)."""
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        stats = self.train_step(self._next_batch)
+        self.in_flight.append((self.step, lr, StepNumbers(stats)))
 
-        step_time = time.perf_counter() - started
-        self.step_times.append(step_time)
-        tokens_per_sec = self.tokens_per_step / step_time
-        return {
-            "train/loss": loss,
-            "train/lr": lr,
-            "train/grad_norm": norm,
-            "train/tokens": self.step * self.tokens_per_step,
-            "perf/step_time_s": step_time,
-            "perf/tokens_per_sec": tokens_per_sec,
-            "perf/mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak_flops, self.ctx.world_size),
-            "mem/peak_gib": _peak_memory_gib(device),
-        }
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return get_batch(self.train_tokens, self.sampler.next_starts(), self.cfg.seq_len, self.ctx.device)
 
-    def _log(self, record: dict[str, Any]) -> None:
+    def _read_steps(self, keep: int) -> list[tuple[int, dict[str, Any]]]:
+        """Read every queued step but the newest `keep`, in order, waiting for the device where it has not finished
+        them; returns their train/, perf/ and mem/ metrics. Raises NonFiniteLossError at the first step whose loss
+        or gradient norm is not finite: the device skipped its update and every later one (TrainStep), so the
+        weights are still those of the step before."""
+        records = []
+        while len(self.in_flight) > keep:
+            step, lr, numbers = self.in_flight.pop(0)
+            loss, norm = numbers.values()
+            for what, value in (("loss", loss), ("gradient norm", norm)):
+                if not math.isfinite(value):
+                    self.step = step  # the run ends at the step that went bad
+                    raise NonFiniteLossError(what, value, step)
+            # Successive steps finish back to back on a busy device: the time between their ends is a step's time.
+            step_time = numbers.done_at - self.clock
+            self.clock = numbers.done_at
+            self.step_times.append(step_time)
+            tokens_per_sec = self.tokens_per_step / step_time
+            record = {
+                "train/loss": loss,
+                "train/lr": lr,
+                "train/grad_norm": norm,
+                "train/tokens": step * self.tokens_per_step,
+                "perf/step_time_s": step_time,
+                "perf/tokens_per_sec": tokens_per_sec,
+                "perf/mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak_flops, self.ctx.world_size),
+                "mem/peak_gib": _peak_memory_gib(self.ctx.device),
+            }
+            records.append((step, record))
+        return records
+
+    def _log(self, record: dict[str, Any], step: int | None = None) -> None:
+        """Write `record` as the metrics of `step` (default: the current step)."""
         if self.metrics:
-            self.metrics.log(self.step, record)
+            self.metrics.log(self.step if step is None else step, record)
 
     def _save_checkpoint(self) -> None:
         # Every rank has its own data shard position and RNG streams: gather them so rank 0 saves them all.
