@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from flashgpt.model.attention import AttentionConfig, AttentionMask, build_attention
 from flashgpt.model.kv_cache import KVCache
@@ -30,6 +31,9 @@ class ModelConfig:
     vocab_size: int = 50304
     dropout: float = 0.0
     bias: bool = True
+    # Keep only each block's input in the forward and recompute the block in the backward: activation memory
+    # falls from n_layer blocks' worth to one block's, for about a third more compute.
+    activation_checkpointing: bool = False
 
 
 class CausalSelfAttention(nn.Module):
@@ -149,7 +153,12 @@ class GPT(nn.Module):
         mask = self.attention_mask(n_tokens, past + n_tokens, document_ids)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for layer, block in enumerate(self.blocks):
-            x = block(x, mask, cache, layer)
+            if self.cfg.activation_checkpointing and self.training:
+                # The recompute restores the RNG state first (CPU and CUDA), so dropout, in our kernel too, draws
+                # the same masks in both runs of the block.
+                x = checkpoint(block, x, mask, cache, layer, use_reentrant=False)
+            else:
+                x = block(x, mask, cache, layer)
         if cache is not None:
             cache.advance(n_tokens)
         x = self.ln_f(x)

@@ -96,6 +96,9 @@ class Config:
     device: Device = Device.auto
     seed: int = 0
     resume: str | None = None  # a checkpoint path, or "auto": the run dir's latest checkpoint if there is one
+    # A fresh run starts from this checkpoint of the same model at a shorter seq_len, continuing its weights,
+    # optimizer and schedule with the position table extended (context extension: training/extension.py).
+    extend_from: str | None = None
     overwrite: bool = False  # start afresh in a run dir that holds a run, deleting its metrics and checkpoints
     compile: bool = False  # torch.compile the model
 

@@ -37,6 +37,7 @@ from flashgpt.training.distributed import (
 )
 from flashgpt.training.distributed import shutdown as shutdown_distributed
 from flashgpt.training.evaluation import Evaluator
+from flashgpt.training.extension import extend_from_checkpoint
 from flashgpt.training.failures import NonFiniteLossError, oom_request_gib
 from flashgpt.training.metrics import MetricsLogger
 from flashgpt.training.mfu import device_name, mfu, peak_flops_per_sec
@@ -93,6 +94,9 @@ class Trainer:
         self.step = 0
         self.last_checkpoint: Path | None = None
         wandb_id = self._resume(resolve_resume(cfg.resume, run_dir))
+        if cfg.extend_from is not None and self.step == 0:  # fresh: a resumed run continues its own checkpoint
+            trained = (self.raw_model, self.optimizer, self.scheduler)
+            self.step = extend_from_checkpoint(Path(cfg.extend_from), *trained, resolved_cfg, self.tokens_per_step)
 
         model = compile_model(self.raw_model) if cfg.compile else self.raw_model
         if ctx.is_distributed:
