@@ -2,34 +2,59 @@
 
 The mask is a pure function of (seed, call offset, batch·head, row, column). One Philox-4x32-7 draw with
 
-    counter = (row · ⌈T/8⌉ + col // 8,  batch·head,  offset_lo,  offset_hi),   key = seed
+    counter = (row · ⌈Tk/16⌉ + col // 16,  batch·head,  offset_lo,  offset_hi),   key = seed
 
-yields four 32-bit words, i.e. eight 16-bit numbers, that decide eight neighbouring columns (column 8·g + 2·w + h
-takes half h of word w). Because nothing depends on the tile shape, the forward and both backward kernels, which
-tile the T×T matrix differently, see the same mask, and nothing of size T×T is ever stored.
+yields four 32-bit words, i.e. sixteen 8-bit numbers, that decide sixteen neighbouring columns: column
+16·g + 4·w + b takes byte b of word w. Because nothing depends on the tile shape, the forward and both backward
+kernels, which tile the Tq×Tk matrix differently, see the same mask, and nothing of that size is ever stored.
 
-Why 7 rounds and 16 bits: the random numbers, not the matrix products, bound the speed of attention with dropout.
-Seven rounds is the fewest for which Philox-4x32 passes TestU01's BigCrush (Salmon et al., SC 2011), and 16 bits
-per decision give eight decisions per draw. An element is kept when its number is >= threshold, so it is kept with
-probability exactly 1 − threshold/2¹⁶, where threshold = round(p·2¹⁶); kept values are scaled by the inverse of that
-probability, so the output is unbiased. The drop rate is p to within 2⁻¹⁷.
+Why 8 bits: the random numbers, not the matrix products, bound the speed of attention with dropout, and a
+decision costs one shift and one compare once the draw is made; 8-bit numbers give sixteen decisions per draw
+(FlashAttention-2 does the same). Why 7 rounds: it is the fewest for which Philox-4x32 passes TestU01's BigCrush
+(Salmon et al., SC 2011); fewer rounds would save integer multiplies but have no published statistical guarantee.
+
+The rounding, exactly: an element is kept when its byte is >= t, where t = round(p·256) (at most 255), so it is
+kept with probability exactly 1 − t/256, and kept values are multiplied by 256/(256 − t), the exact inverse of
+that probability: E[output] is the no-dropout output (unbiased). The drop rate is therefore p rounded to the
+nearest multiple of 1/256 — `effective_dropout_p(p)`, at most 1/512 away from p. Policy: rates are rounded
+silently (0.1 becomes 26/256 = 0.1016): 1/512 is far below any difference in regularisation a run could measure,
+and a warning would fire for every common setting. Only small rates move noticeably relative to themselves
+(0.01 becomes 3/256 = 0.0117), which `effective_dropout_p` reports. A nonzero rate below 1/512 would round to 0
+and silently turn dropout off, so it raises (`check_dropout_p`).
 """
 
 import triton
 import triton.language as tl
 
 PHILOX_ROUNDS = tl.constexpr(7)
-LEVELS = 2**16
+LEVELS = 256  # 8-bit decisions
+COLUMNS_PER_DRAW = 16  # four 32-bit words of four bytes each
 
 
 def keep_threshold(dropout_p: float) -> int:
-    """16-bit numbers below this are dropped."""
+    """Bytes below this are dropped: t = round(p·256), capped so that at least one byte value is kept."""
     return min(round(dropout_p * LEVELS), LEVELS - 1)
 
 
+def effective_dropout_p(dropout_p: float) -> float:
+    """The drop probability the kernel applies for `dropout_p`: p rounded to the nearest multiple of 1/256."""
+    return keep_threshold(dropout_p) / LEVELS
+
+
 def keep_scale(dropout_p: float) -> float:
-    """1 / P(keep): what kept probabilities are multiplied by."""
+    """1 / P(keep) = 256 / (256 − t): what kept probabilities are multiplied by."""
     return LEVELS / (LEVELS - keep_threshold(dropout_p))
+
+
+def check_dropout_p(dropout_p: float) -> None:
+    """Refuse rates outside [0, 1) and nonzero rates the 8-bit decisions would round to zero."""
+    if not (isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool) and 0.0 <= dropout_p < 1.0):
+        raise ValueError(f"flash_attention: dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if dropout_p > 0 and keep_threshold(dropout_p) == 0:
+        raise ValueError(
+            f"flash_attention: dropout_p={dropout_p} rounds to 0 with the kernel's 8-bit dropout decisions "
+            f"(rates are multiples of 1/{LEVELS}); use 0 or at least {1 / (2 * LEVELS):.5f}"
+        )
 
 
 @triton.jit
@@ -45,9 +70,11 @@ def dropout_keep_mask(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Keep-mask (BLOCK_M, BLOCK_N) for rows offs_m and columns [start_n, start_n + BLOCK_N)."""
-    groups_per_row = (seq_len + 7) // 8
-    offs_g = start_n // 8 + tl.arange(0, BLOCK_N // 8)
+    """Keep-mask (BLOCK_M, BLOCK_N) for rows offs_m and key columns [start_n, start_n + BLOCK_N).
+
+    seq_len is the number of key columns Tk; start_n and BLOCK_N must be multiples of 16."""
+    groups_per_row = (seq_len + 15) // 16
+    offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)
     counter = (offs_m[:, None] * groups_per_row + offs_g[None, :]).to(tl.uint32, bitcast=True)
     zeros = tl.zeros_like(counter)
     w0, w1, w2, w3 = tl.philox(
@@ -58,11 +85,15 @@ def dropout_keep_mask(
         zeros + offset_hi.to(tl.uint32),
         PHILOX_ROUNDS,
     )
-    # join(join(w0, w2), join(w1, w3)) has shape (BLOCK_M, BLOCK_N // 8, 2, 2) with word 2·i + j at [..., i, j];
-    # flattening puts word w of group g at 4·g + w. Half h of that word then decides column 2·(4·g + w) + h.
-    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N // 2))
-    # Comparing whole words against threshold·2¹⁶ decides on the high half without extracting it.
-    threshold_hi = threshold.to(tl.uint32) << 16
-    keep_lo = (words << 16) >= threshold_hi
-    keep_hi = words >= threshold_hi
-    return tl.reshape(tl.join(keep_lo, keep_hi), (BLOCK_M, BLOCK_N))
+    # join(join(a, c), join(b, d)) has shape (..., 2, 2) with its [..., i, j] = (a, b, c, d)[2·i + j], so
+    # flattening the last two dims lists a, b, c, d in order. Here: word w of group g lands at 4·g + w.
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N // 4))
+    # Byte b of a word decides when (word << (24 − 8·b)) >= t·2²⁴: the shift moves byte b to the top and the
+    # bits below it cannot lift a smaller top byte over t·2²⁴. No masking or extraction needed.
+    threshold_top = threshold.to(tl.uint32) << 24
+    keep0 = (words << 24) >= threshold_top
+    keep1 = (words << 16) >= threshold_top
+    keep2 = (words << 8) >= threshold_top
+    keep3 = words >= threshold_top
+    # Byte b of word 4·g + w decides column 4·(4·g + w) + b = 16·g + 4·w + b.
+    return tl.reshape(tl.join(tl.join(keep0, keep2), tl.join(keep1, keep3)), (BLOCK_M, BLOCK_N))

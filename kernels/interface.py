@@ -1,9 +1,39 @@
-"""`flash_attention`: argument checks and the autograd wiring around the kernel launches."""
+"""`flash_attention`: argument checks, the PyTorch operators that launch the kernels, and their autograd.
+
+The kernels run inside two `torch.library` custom operators, so `torch.compile` traces a model through them
+(static or dynamic shapes, no graph break) and AOTAutograd sees their backward:
+
+    flashgpt::flash_attention_forward(q, k, v, rng_state, causal, dropout_p, softmax_scale) -> (o, lse)
+    flashgpt::flash_attention_backward(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale)
+        -> (dq, dk, dv)
+
+Both are pure functions of their inputs; the launch configuration is looked up inside them at run time.
+
+Dropout randomness: `rng_state` is a CPU int64 tensor [seed, offset] drawn by `torch.randint` in
+`flash_attention`, i.e. from PyTorch's default CPU generator, so `torch.manual_seed` (and a checkpoint's saved
+generator state) reproduces the mask. Under `torch.compile` it is a random op in the graph, drawn afresh on every
+call, never a constant baked into the graph. Drawing it outside the operator is deliberate: the compiler merges
+identical calls of a pure operator (common-subexpression elimination), so an operator that drew its own seed
+would give two identical dropout calls in one graph the same mask; random ops are exempt from that and from
+being recomputed in the backward. The backward reads the same tensor from the forward's saved inputs, with no
+device sync.
+
+Gradients: the backward kernels take δ = rowsum(dO ∘ O) per query row. A gradient dlse flowing into the returned
+log-sum-exp adds dlse·P to dS (∂lse/∂s = P), which is the same as using δ' = δ − dlse, so the backward
+subtracts it and the kernels are unchanged. The backward is not itself differentiable: asking for a second
+derivative raises instead of returning a wrong value.
+
+Head dims: the kernels are compiled for D in NATIVE_HEAD_DIMS; any other multiple of 8 up to 256 is zero-padded
+to the next native one. That is exact: zero columns add nothing to q·kᵀ, the padded output and gradient columns
+are sliced away, and the softmax scale stays 1/√D of the caller's D.
+"""
 
 import math
 
 import torch
+from torch import Tensor
 
+from .dropout import check_dropout_p
 from .launch import (
     AttentionParams,
     interpreting,
@@ -13,14 +43,21 @@ from .launch import (
     launch_preprocess,
     tuned_config,
 )
+from .tuning import NATIVE_HEAD_DIMS
 
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Dropout counters are 32-bit: row · ⌈T/8⌉ + col/8 must stay below 2³².
-MAX_DROPOUT_SEQ_LEN = 131_072
+HEAD_DIM_MULTIPLE = 8
+MAX_HEAD_DIM = NATIVE_HEAD_DIMS[-1]
+# Dropout counters are 32-bit: row · ⌈T/16⌉ + col/16 must stay below 2³².
+MAX_DROPOUT_SEQ_LEN = 262_144
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> None:
+def native_head_dim(head_dim: int) -> int:
+    """The kernel head dim that `head_dim` runs at: itself if native, else the next native one (zero-padded)."""
+    return next(d for d in NATIVE_HEAD_DIMS if d >= head_dim)
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -46,13 +83,17 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: 
         )
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"flash_attention: unsupported device {q.device}; use CUDA (or CPU when interpreting)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"flash_attention: causal must be a bool, got {causal!r}")
     batch, heads, seq_len, head_dim = q.shape
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"flash_attention: head dim {head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS}")
+    if head_dim % HEAD_DIM_MULTIPLE or not NATIVE_HEAD_DIMS[0] <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"flash_attention: head dim {head_dim} is not supported; supported: multiples of {HEAD_DIM_MULTIPLE} "
+            f"from {NATIVE_HEAD_DIMS[0]} to {MAX_HEAD_DIM}"
+        )
     if seq_len < 1 or batch < 1 or heads < 1:
         raise ValueError(f"flash_attention: empty input of shape {tuple(q.shape)}")
-    if not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
-        raise ValueError(f"flash_attention: dropout_p must be in [0, 1), got {dropout_p!r}")
+    check_dropout_p(dropout_p)
     if dropout_p > 0 and seq_len > MAX_DROPOUT_SEQ_LEN:
         raise ValueError(
             f"flash_attention: dropout supports sequences up to {MAX_DROPOUT_SEQ_LEN} tokens, got {seq_len}"
@@ -63,66 +104,177 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: 
             raise ValueError(f"flash_attention: {name} spans more than 2³¹ elements within one head")
 
 
-def _rng_seed_and_offset(device: torch.device) -> tuple[int, int]:
-    """Key and counter offset for this call's dropout mask, drawn from PyTorch's default generator.
-
-    On CUDA we take the generator's Philox seed and advance its offset by 4 (its granularity), as PyTorch's own
-    dropout does, without a device sync; on the CPU we draw both from the CPU generator. Either way
-    `torch.manual_seed` and the generator's saved state make the mask reproducible.
-    """
-    if device.type == "cuda":
-        gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
-        offset = gen.get_offset()
-        gen.set_offset(offset + 4)
-        return gen.initial_seed(), offset
-    seed, offset = torch.randint(0, 2**62, (2,), dtype=torch.int64).tolist()
-    return seed, offset
+def _draw_rng_state() -> Tensor:
+    """[seed, offset] of a dropout mask: 2 x 62 random bits from PyTorch's default CPU generator."""
+    return torch.randint(0, 2**62, (2,), dtype=torch.int64)
 
 
-class FlashAttentionFunction(torch.autograd.Function):
+def _params(
+    causal: bool, dropout_p: float, softmax_scale: float | None, head_dim: int, rng_state: Tensor | None
+) -> AttentionParams:
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    if rng_state is None or dropout_p == 0:
+        return AttentionParams(causal, dropout_p, scale)
+    seed, offset = rng_state.tolist()
+    return AttentionParams(causal, dropout_p, scale, seed, offset)
+
+
+def _pad_head_dim(t: Tensor, native: int) -> Tensor:
+    return torch.nn.functional.pad(t, (0, native - t.shape[-1]))
+
+
+def _padded_empty(like: Tensor, native: int) -> Tensor:
+    """An output for a padded head dim: the first D columns of a contiguous (..., native) buffer."""
+    return like.new_empty((*like.shape[:-1], native))[..., : like.shape[-1]]
+
+
+def _forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rng_state: Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    softmax_scale: float | None,
+) -> tuple[Tensor, Tensor]:
+    """o (B, H, T, D) and lse (B, H, T) fp32. Inputs are assumed checked (`flash_attention` does that)."""
+    batch, heads, seq_len, head_dim = q.shape
+    params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
+    native = native_head_dim(head_dim)
+    if native != head_dim:
+        q, k, v = (_pad_head_dim(t, native) for t in (q, k, v))
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
+    launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params))
+    return (o[..., :head_dim] if native != head_dim else o), lse
+
+
+flash_attention_forward = torch.library.custom_op("flashgpt::flash_attention_forward", _forward, mutates_args=())
+
+
+@flash_attention_forward.register_fake
+def _(q, k, v, rng_state, causal, dropout_p, softmax_scale):
+    native = native_head_dim(q.shape[-1])
+    o = torch.empty_like(q) if native == q.shape[-1] else _padded_empty(q, native)
+    return o, q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _backward_kernels(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    rng_state: Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    softmax_scale: float | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv from the output gradient `do` and, if not None, the log-sum-exp gradient `dlse`."""
+    head_dim = q.shape[-1]
+    params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
+    native = native_head_dim(head_dim)
+    if native != head_dim:
+        q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
+    delta = torch.empty_like(lse)
+    launch_preprocess(o, do, delta)
+    if dlse is not None:
+        delta.sub_(dlse)  # δ' = δ − dlse: dS = P ∘ (dP − δ) + dlse·P
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params))
+    launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params))
+    if native != head_dim:
+        return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
+    return dq, dk, dv
+
+
+flash_attention_backward = torch.library.custom_op(
+    "flashgpt::flash_attention_backward", _backward_kernels, mutates_args=()
+)
+
+
+@flash_attention_backward.register_fake
+def _(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale):
+    native = native_head_dim(q.shape[-1])
+    if native == q.shape[-1]:
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _padded_empty(q, native), _padded_empty(k, native), _padded_empty(v, native)
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    q, k, v, rng_state, causal, dropout_p, softmax_scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, rng_state)
+    ctx.args = (causal, dropout_p, softmax_scale)
+    # An unused lse (the usual case) then arrives as None rather than a tensor of zeros to subtract.
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, do: Tensor | None, dlse: Tensor | None) -> tuple:
+    q, k, v, o, lse, rng_state = ctx.saved_tensors
+    if do is None:  # only the log-sum-exp was used
+        do = torch.zeros_like(o)
+    # With create_graph the gradients must come from the operator, whose own backward refuses a second derivative.
+    run = _backward_kernels if _plain_eager(do) and not torch.is_grad_enabled() else flash_attention_backward
+    dq, dk, dv = run(do, q, k, v, o, lse, dlse, rng_state, *ctx.args)
+    return dq, dk, dv, None, None, None, None
+
+
+def _refuse_double_backward(ctx, *grads) -> None:
+    raise RuntimeError(
+        "flash_attention does not support double backward: its gradients (computed with create_graph=True) "
+        "cannot be differentiated again, e.g. for a gradient penalty. Use attention=naive for such a loss."
+    )
+
+
+flash_attention_forward.register_autograd(_backward, setup_context=_setup_context)
+flash_attention_backward.register_autograd(_refuse_double_backward)
+
+
+def _plain_eager(t: Tensor) -> bool:
+    """True outside torch.compile/export and tracing: a plain tensor, no tracer or fake mode on the dispatch stack."""
+    return type(t) is torch.Tensor and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
+
+
+class _EagerFlashAttention(torch.autograd.Function):
+    """The operators' forward and backward called directly, without the dispatcher.
+
+    In eager mode `torch.library`'s per-call machinery (schema defaults, redispatch, the compiler-disable
+    wrapper) costs about as much host time as everything else in a call together, which shows at T = 1K where
+    the host already bounds the speed. Compiled and traced code always goes through the operators."""
+
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, dropout_p: float, softmax_scale: float):
-        seed, offset = _rng_seed_and_offset(q.device) if dropout_p > 0 else (0, 0)
-        params = AttentionParams(causal, dropout_p, softmax_scale, seed, offset)
-        batch, heads, seq_len, _ = q.shape
-        o = torch.empty_like(q)
-        lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
-        launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params))
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.params = params
-        ctx.mark_non_differentiable(lse)
+    def forward(ctx, q, k, v, rng_state, causal, dropout_p, softmax_scale):
+        o, lse = _forward(q, k, v, rng_state, causal, dropout_p, softmax_scale)
+        _setup_context(ctx, (q, k, v, rng_state, causal, dropout_p, softmax_scale), (o, lse))
         return o, lse
 
-    @staticmethod
-    def backward(ctx, do, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        params = ctx.params
-        delta = torch.empty_like(lse)
-        launch_preprocess(o, do, delta)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params))
-        launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params))
-        return dq, dk, dv, None, None, None
+    backward = staticmethod(_backward)
 
 
 def flash_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     *,
     causal: bool = True,
     dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention softmax(q·kᵀ·scale + causal mask)·v with dropout on the probabilities, fused in Triton.
 
-    q, k, v: (B, H, T, D) with any strides; float16/bfloat16 on CUDA, float32 anywhere (CPU tensors need
-    TRITON_INTERPRET=1). Returns o (B, H, T, D), and with `return_lse` also the float32 log-sum-exp (B, H, T)
-    of each row of the scaled, masked scores. Differentiable in q, k and v; dropout draws its seed from PyTorch's
-    default generator, so `torch.manual_seed` makes it reproducible.
+    q, k, v: (B, H, T, D) with any strides, D a multiple of 8 from 16 to 256; float16/bfloat16 on CUDA, float32
+    anywhere (CPU tensors need TRITON_INTERPRET=1). Returns o (B, H, T, D), and with `return_lse` also the
+    float32 log-sum-exp (B, H, T) of each row of the scaled, masked scores. Differentiable in q, k and v, also
+    through the returned lse. Dropout draws its seed from PyTorch's default generator, so `torch.manual_seed`
+    makes it reproducible; its rate is rounded to a multiple of 1/256 (`dropout.effective_dropout_p`).
     """
-    _check_inputs(q, k, v, dropout_p)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    o, lse = FlashAttentionFunction.apply(q, k, v, bool(causal), float(dropout_p), scale)
+    _check_inputs(q, k, v, causal, dropout_p)
+    rng_state = _draw_rng_state() if dropout_p > 0 else None
+    scale = None if softmax_scale is None else float(softmax_scale)
+    attention = _EagerFlashAttention.apply if _plain_eager(q) else flash_attention_forward
+    o, lse = attention(q, k, v, rng_state, causal, float(dropout_p), scale)
     return (o, lse) if return_lse else o

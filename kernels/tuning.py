@@ -14,6 +14,8 @@ from pathlib import Path
 TUNED_TABLE = Path(__file__).with_name("tuned_h100.json")
 SEQ_LEN_BUCKETS = (1024, 2048, 4096, 8192, 16384)
 PASSES = ("fwd", "bwd_dkdv", "bwd_dq")
+NATIVE_HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernels' HEAD_DIM; other head dims are zero-padded to one of these
+MIN_TILE = 16
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,11 @@ class LaunchConfig:
     num_stages: int
 
     def validate(self, kernel_pass: str) -> None:
-        """Each pass walks its diagonal band in steps of the smaller tile, which must divide the larger."""
+        """Each pass walks its diagonal band in steps of the smaller tile, which must divide the larger. Tiles are
+        powers of two of at least 16: tl.dot needs 16, and a dropout draw decides 16 key columns."""
+        for tile in (self.block_m, self.block_n):
+            if tile < MIN_TILE or tile & (tile - 1):
+                raise ValueError(f"{kernel_pass}: tile {tile} must be a power of two >= {MIN_TILE} ({self})")
         big, small = (self.block_n, self.block_m) if kernel_pass == "bwd_dkdv" else (self.block_m, self.block_n)
         if big % small:
             raise ValueError(f"{kernel_pass}: tile {small} must divide tile {big} ({self})")
@@ -40,6 +46,11 @@ _DEFAULTS: dict[tuple[str, int], LaunchConfig] = {
     ("bwd_dq", 32): LaunchConfig(128, 32, 4, 3),
     ("bwd_dq", 64): LaunchConfig(128, 32, 4, 3),
     ("bwd_dq", 128): LaunchConfig(128, 32, 8, 3),
+    # D = 256: a 64x256 bf16 tile is 32 KiB, so smaller tiles and fewer stages keep K/V (or Q/dO) buffers within
+    # the ~100 KiB of shared memory of consumer GPUs, and 8 warps keep the 256-wide fp32 accumulators in registers.
+    ("fwd", 256): LaunchConfig(64, 32, 8, 2),
+    ("bwd_dkdv", 256): LaunchConfig(16, 32, 8, 1),
+    ("bwd_dq", 256): LaunchConfig(32, 16, 8, 1),
 }
 _INTERPRETER = LaunchConfig(64, 32, 1, 1)
 
@@ -77,16 +88,32 @@ def launch_config(
 
     The table was measured on an H100 and is used on Hopper GPUs only: its largest tiles would not fit the shared
     memory of smaller chips."""
+    return _config_for_bucket(
+        kernel_pass, head_dim, dtype, causal, dropout, seq_len_bucket(seq_len), interpreting, hopper
+    )
+
+
+@cache  # three lookups per fwd+bwd; keyed by the T bucket, so the cache stays small
+def _config_for_bucket(
+    kernel_pass: str,
+    head_dim: int,
+    dtype: str,
+    causal: bool,
+    dropout: bool,
+    bucket: int,
+    interpreting: bool,
+    hopper: bool,
+) -> LaunchConfig:
     if interpreting:
         return _INTERPRETER if kernel_pass != "bwd_dkdv" else LaunchConfig(32, 64, 1, 1)
     if hopper:
         # fp16 tiles cost exactly what bf16 tiles cost, so fp16 shares the bf16 measurements.
         tuned_dtype = "bfloat16" if dtype == "float16" else dtype
-        key = table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
-        tuned = _tuned_table().get(key)
+        tuned = _tuned_table().get(table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, bucket))
         if tuned is not None:
             return tuned
     default = _DEFAULTS[(kernel_pass, max(32, head_dim))]
     if dtype == "float32":  # fp32 tiles take twice the shared memory
-        return LaunchConfig(default.block_m // 2 or 16, default.block_n // 2 or 16, default.num_warps, 2)
+        block_m, block_n = max(MIN_TILE, default.block_m // 2), max(MIN_TILE, default.block_n // 2)
+        return LaunchConfig(block_m, block_n, default.num_warps, min(2, default.num_stages))
     return default

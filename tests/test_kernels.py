@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashgpt.kernels import flash_attention
-from flashgpt.kernels.dropout import keep_scale
+from flashgpt.kernels.dropout import effective_dropout_p, keep_scale
 
 FP32_TOL = 1e-5  # the interpreter's fp32 products are exact; what remains is summation order
 LOW_PRECISION_TOL = 2e-2  # bf16/fp16 inputs, outputs and probabilities rounded to 8/11 mantissa bits
@@ -94,6 +94,23 @@ def test_strided_inputs(seq_len, causal, layout, seed):
     q, k, v = make_qkv(2, 3, seq_len, 64, layout)
     assert not q.is_contiguous()
     check_against_reference(q, k, v, causal=causal, tol=FP32_TOL, seed=seed)
+
+
+# Every multiple of 8 up to 256 runs: 16/32/64/128/256 natively, the others zero-padded to the next of those.
+@pytest.mark.parametrize(
+    ("head_dim", "seq_len", "causal"),
+    [(16, 50, True), (24, 33, False), (40, 70, True), (48, 33, False), (80, 45, True), (96, 33, False),
+     (160, 40, True), (200, 17, False), (256, 36, True), (256, 20, False)],
+)  # fmt: skip
+def test_head_dims(head_dim, seq_len, causal, seed):
+    q, k, v = make_qkv(1, 2, seq_len, head_dim, "fused_qkv")
+    check_against_reference(q, k, v, causal=causal, tol=FP32_TOL, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_padded_head_dim_low_precision(dtype, seed):
+    q, k, v = make_qkv(1, 2, 40, 80, "contiguous", dtype=dtype)
+    check_against_reference(q, k, v, causal=True, tol=LOW_PRECISION_TOL, seed=seed)
 
 
 def test_custom_softmax_scale(seed):
@@ -183,15 +200,28 @@ def test_dropout_is_reproducible_from_the_seed(seed):
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_drop_fraction(p, seed):
-    """Over ~100K visible entries the dropped fraction is p within 5 standard deviations."""
+    """Over ~100K visible entries the dropped fraction is the effective rate within 5 standard deviations."""
     keep = recover_keep_mask(2, 4, 128, 128, False, p, seed)
+    p = effective_dropout_p(p)
     n = keep.numel()
     dropped = 1.0 - keep.double().mean().item()
     sigma = math.sqrt(p * (1 - p) / n)
     assert abs(dropped - p) < 5 * sigma, f"dropped {dropped:.5f}, expected {p} ± {5 * sigma:.5f} (seed {seed})"
-    # Neighbouring columns come from one Philox draw; they must still be independent of each other.
-    both_kept = (keep[..., 0::2] & keep[..., 1::2]).double().mean().item()
-    assert abs(both_kept - (1 - p) ** 2) < 5 * math.sqrt((1 - p) ** 2 * (1 - (1 - p) ** 2) / (n / 2))
+    # Sixteen neighbouring columns come from one Philox draw: columns 1 apart share a 32-bit word, 4 apart share
+    # the draw, 16 apart come from the next draw. Each pair must still be independent.
+    for gap in (1, 4, 16):
+        first, second = keep[..., : 128 - gap], keep[..., gap:]
+        both_kept = (first & second).double().mean().item()
+        sigma = math.sqrt((1 - p) ** 2 * (1 - (1 - p) ** 2) / first.numel())
+        assert abs(both_kept - (1 - p) ** 2) < 6 * sigma, f"columns {gap} apart are correlated (seed {seed})"
+
+
+def test_dropout_rate_rounding():
+    """Rates are multiples of 1/256, the kept values scaled by the exact inverse keep probability."""
+    assert effective_dropout_p(0.1) == 26 / 256 and keep_scale(0.1) == 256 / 230
+    assert effective_dropout_p(0.5) == 0.5 and keep_scale(0.5) == 2.0
+    assert effective_dropout_p(0.999) == 255 / 256  # at least one byte value is kept
+    assert effective_dropout_p(0.002) == 1 / 256
 
 
 def test_dropout_is_unbiased(seed):
@@ -238,12 +268,17 @@ def test_errors_name_the_problem(monkeypatch):
         flash_attention(q, q.half(), q)
     with pytest.raises(ValueError, match="one device"):
         flash_attention(q, q, q.to("meta"))
-    with pytest.raises(ValueError, match="head dim 48"):
-        bad = torch.randn(1, 2, 16, 48)
-        flash_attention(bad, bad, bad)
-    for p in (1.0, -0.1, 1.5):
+    for head_dim in (8, 44, 264):
+        with pytest.raises(ValueError, match=f"head dim {head_dim} .*multiples of 8 from 16 to 256"):
+            bad = torch.randn(1, 2, 16, head_dim)
+            flash_attention(bad, bad, bad)
+    for p in (1.0, -0.1, 1.5, True):
         with pytest.raises(ValueError, match="dropout_p"):
             flash_attention(q, q, q, dropout_p=p)
+    with pytest.raises(ValueError, match="rounds to 0"):
+        flash_attention(q, q, q, dropout_p=0.001)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attention(q, q, q, causal="no")
     with pytest.raises(TypeError, match=r"torch\.Tensor"):
         flash_attention(q.numpy(), q, q)
     monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -5,8 +5,10 @@ import pytest
 
 from flashgpt.kernels.tuning import (
     _DEFAULTS,
+    NATIVE_HEAD_DIMS,
     PASSES,
     SEQ_LEN_BUCKETS,
+    LaunchConfig,
     _tuned_table,
     launch_config,
     seq_len_bucket,
@@ -37,7 +39,17 @@ def test_lookup_uses_the_table_on_hopper_only():
     # fp16 shares the bf16 measurements; fp32 and untuned shapes fall back to defaults that validate.
     assert launch_config("fwd", 64, "float16", True, False, 2048, interpreting=False, hopper=True) == tuned
     for kernel_pass in PASSES:
-        for head_dim in (16, 32, 64, 128):
+        for head_dim in NATIVE_HEAD_DIMS:
             for dtype in ("float32", "bfloat16"):
                 cfg = launch_config(kernel_pass, head_dim, dtype, False, False, 300, interpreting=False, hopper=False)
                 cfg.validate(kernel_pass)
+
+
+def test_validate_refuses_tiles_the_kernels_cannot_run():
+    LaunchConfig(64, 16, 4, 3).validate("fwd")
+    with pytest.raises(ValueError, match="tile 8 must be a power of two >= 16"):
+        LaunchConfig(64, 8, 4, 3).validate("fwd")  # tl.dot and a dropout draw need 16 columns
+    with pytest.raises(ValueError, match="tile 48 must be a power of two"):
+        LaunchConfig(48, 16, 4, 3).validate("fwd")
+    with pytest.raises(ValueError, match="tile 64 must divide tile 32"):
+        LaunchConfig(64, 32, 4, 3).validate("bwd_dkdv")
