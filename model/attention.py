@@ -14,7 +14,7 @@ comparisons between them are like for like. flash hands them to the kernel, whic
 import inspect
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,9 @@ class AttentionConfig:
     # Sliding window: a token sees itself and the window_size - 1 tokens before it (Mistral, Gemma). null: no
     # window; a window of seq_len or more changes nothing (every earlier token of the context is inside it).
     window_size: int | None = None
-    block_sparse: BlockSparseConfig | None = None  # a named pattern (model/sparsity.py); null: dense
+    # A named block-sparse pattern (model/sparsity.py), e.g. attention.block_sparse.pattern=strided
+    # attention.block_sparse.density=0.1; its pattern null (the default): dense.
+    block_sparse: BlockSparseConfig = field(default_factory=BlockSparseConfig)
     block_size: int = 128  # tokens per block of the block-sparse pattern
 
 
@@ -77,8 +79,7 @@ def check_attention_config(cfg: AttentionConfig) -> None:
         raise ValueError(f"attention.window_size={cfg.window_size} must be >= 1 (null: no window)")
     if cfg.block_size < 1:
         raise ValueError(f"attention.block_size={cfg.block_size} must be >= 1")
-    if cfg.block_sparse is not None:
-        check_block_sparse_config(cfg.block_sparse)
+    check_block_sparse_config(cfg.block_sparse)
 
 
 def describe_masks(cfg: AttentionConfig, layout: Tensor | None) -> str:
@@ -88,7 +89,7 @@ def describe_masks(cfg: AttentionConfig, layout: Tensor | None) -> str:
     parts = ["causal"]
     if cfg.window_size is not None:
         parts.append(f"window {cfg.window_size}")
-    if cfg.block_sparse is not None and layout is not None:
+    if layout is not None:
         params = resolve_parameters(cfg.block_sparse, layout.size(-1))
         listed = ", ".join(f"{name}={value}" for name, value in params.items())
         parts.append(

@@ -99,11 +99,10 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.block_size = block_size
         self.attention = AttentionConfig(attention) if isinstance(attention, str) else attention
-        # The block-sparse pattern over the longest context, (1, n, n) blocks; each call takes the part it needs.
-        sparse, n_blocks = self.attention.block_sparse, num_blocks(block_size, self.attention.block_size)
-        self.register_buffer(
-            "block_layout", None if sparse is None else build_block_mask(sparse, n_blocks), persistent=False
-        )
+        # The block-sparse pattern over the longest context, (1, n, n) blocks (None: dense); each call takes the
+        # part it needs.
+        layout = build_block_mask(self.attention.block_sparse, num_blocks(block_size, self.attention.block_size))
+        self.register_buffer("block_layout", layout, persistent=False)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(block_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)

@@ -32,9 +32,9 @@ from torch import Tensor
 
 @dataclass
 class BlockSparseConfig:
-    """The `attention.block_sparse:` node; null there means dense attention. Sizes are in blocks."""
+    """The `attention.block_sparse:` node. Sizes are in blocks of attention.block_size tokens."""
 
-    pattern: str  # local_global | strided | butterfly
+    pattern: str | None = None  # local_global | strided | butterfly; null: dense attention
     density: float | None = None  # target kept fraction in (0, 1]; chooses the pattern's size parameter
     local_blocks: int | None = None  # local_global (its size), strided (default 2)
     global_blocks: int | None = None  # local_global (default 1), butterfly (default 0)
@@ -114,6 +114,14 @@ def _size_candidates(pattern: str, n_blocks: int) -> list[int]:
 def check_block_sparse_config(cfg: BlockSparseConfig) -> None:
     """Reject an unknown pattern, parameters it does not read, and a missing or doubled size; raises ValueError."""
     key = "attention.block_sparse"
+    if cfg.pattern is None:
+        stray = [name for name in ("density", *_ALL_PARAMETERS) if getattr(cfg, name) is not None]
+        if stray:
+            raise ValueError(
+                f"{key}.{stray[0]} is set but {key}.pattern is null (dense attention); name a pattern: "
+                f"{', '.join(PATTERNS)}"
+            )
+        return
     if cfg.pattern not in PATTERNS:
         raise ValueError(f"{key}.pattern={cfg.pattern!r}; choose one of: {', '.join(PATTERNS)}")
     own = PARAMETERS[cfg.pattern]
@@ -171,8 +179,10 @@ def resolve_parameters(cfg: BlockSparseConfig, n_blocks: int, causal: bool = Tru
     return params
 
 
-def build_block_mask(cfg: BlockSparseConfig, n_blocks: int, causal: bool = True) -> Tensor:
-    """The configured pattern over n_blocks x n_blocks blocks: (1, n_blocks, n_blocks) bool."""
+def build_block_mask(cfg: BlockSparseConfig, n_blocks: int, causal: bool = True) -> Tensor | None:
+    """The configured pattern over n_blocks x n_blocks blocks: (1, n_blocks, n_blocks) bool; None when dense."""
+    if cfg.pattern is None:
+        return None
     return PATTERNS[cfg.pattern](n_blocks, **resolve_parameters(cfg, n_blocks, causal), causal=causal)
 
 

@@ -1,0 +1,105 @@
+"""Write text with a trained model: load a checkpoint, prefill the prompt, decode token by token with a KV cache.
+
+    python scripts/sample.py runs/<date>/<time>/checkpoints/latest.pt --prompt "ROMEO:" --max-new-tokens 200
+    python scripts/sample.py CKPT --temperature 0 --max-new-tokens 50        # greedy
+    python scripts/sample.py CKPT --attention sdpa --num-samples 3 --top-k 50 --seed 1
+
+The model is rebuilt from the checkpoint's own config: its size, its context (seq_len) and its attention masks
+(window, block-sparse pattern, and document masking when it was trained with data.document_mask=true). Each
+decoding step is one query against the cached keys (flashgpt.model.generation). Samples go to stdout, one after
+another under a `--- sample i ---` line; the speed goes to stderr.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
+
+from flashgpt.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
+from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, prepare_backend
+from flashgpt.model.generation import generate
+from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.model.sparsity import BlockSparseConfig
+from flashgpt.training.checkpoint import load_checkpoint
+from flashgpt.training.precision import autocast
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=Path, help="a training checkpoint: <run dir>/checkpoints/latest.pt")
+    parser.add_argument("--prompt", default="", help="text to continue (default: a new document, <|endoftext|>)")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy (the most likely token)")
+    parser.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens; 0: all")
+    parser.add_argument("--num-samples", type=int, default=1, help="samples drawn side by side, as one batch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--attention", choices=sorted(ATTENTION_BACKENDS), help="backend (default: the checkpoint's own)"
+    )
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    return parser.parse_args(argv)
+
+
+def attention_config(saved: dict[str, Any], name: str | None) -> AttentionConfig:
+    """The checkpoint's attention config (its masks), with the backend replaced by `name` when given."""
+    fields = {**saved, "block_sparse": BlockSparseConfig(**saved.get("block_sparse", {}))}
+    if name is not None:
+        fields["name"] = name
+    return AttentionConfig(**fields)
+
+
+def load_model(path: Path, attention: str | None, device: torch.device) -> tuple[GPT, dict[str, Any]]:
+    """The checkpoint's model in eval mode on `device`, and the run config it was trained with."""
+    state = load_checkpoint(path)
+    config = state["config"]
+    att = attention_config(config["attention"], attention)
+    prepare_backend(att.name, device)
+    model = GPT(ModelConfig(**config["model"]), config["seq_len"], att)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), config
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.max_new_tokens < 0 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
+        sys.exit("need --max-new-tokens >= 0, --num-samples >= 1, --temperature >= 0 and --top-k >= 0")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
+    model, config = load_model(args.checkpoint, args.attention, device)
+    tokenizer = get_tokenizer()
+    prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") if args.prompt else [EOT_ID]
+    prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
+    generator = torch.Generator(device).manual_seed(args.seed)
+
+    started = time.perf_counter()
+    with autocast(device):
+        tokens = generate(
+            model,
+            prompt,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k or None,
+            n_vocab=VOCAB_SIZE,
+            document_mask=config["data"].get("document_mask", False),
+            generator=generator,
+        )
+    elapsed = time.perf_counter() - started
+    for i, sample in enumerate(tokens.tolist()):
+        print(f"--- sample {i} ---")
+        print(tokenizer.decode(sample))
+    new_tokens = args.max_new_tokens * args.num_samples
+    print(
+        f"{new_tokens} tokens in {elapsed:.2f} s ({new_tokens / elapsed:,.0f} tokens/s), attention="
+        f"{model.attention.name}, context {model.block_size}, device {device}",
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    main()
