@@ -1,7 +1,9 @@
 """Tune the FlashAttention launch configurations on this GPU and write the table `kernels/tuning.py` reads.
 
 Each pass (forward, backward dK/dV, backward dQ) is timed on its own, for every candidate tile shape, warp count
-and pipeline depth, at the benchmark's shapes (B = 16384 // T, H·D = 768 or 2048, causal, bf16). The fastest
+and pipeline depth that fits the head dim, at the benchmark's shapes (B = 16384 // T, H·D = 768 up to D = 64 and
+2048 above, causal, bf16). Head dims are the kernels' native ones (16, 32, 64, 128, 256): `flash_attention` pads
+every other head dim to the next of these, and looks the padded one up. The fastest
 candidate per (pass, head dim, dtype, causal, dropout, T bucket) goes into the table, and the whole measurement
 into a JSON log (kernel time only: no autograd, no launch gaps). Candidates that do not compile (too much
 shared memory) are skipped.
@@ -25,7 +27,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashgpt.kernels.launch import AttentionParams, launch_dkdv, launch_dq, launch_forward, launch_preprocess
-from flashgpt.kernels.tuning import LaunchConfig, table_key
+from flashgpt.kernels.tuning import NATIVE_HEAD_DIMS, LaunchConfig, table_key
 
 CANDIDATES: dict[str, list[LaunchConfig]] = {
     "fwd": [
@@ -38,6 +40,9 @@ CANDIDATES: dict[str, list[LaunchConfig]] = {
         LaunchConfig(64, 64, 4, 3),
         LaunchConfig(64, 32, 4, 4),
         LaunchConfig(64, 64, 8, 3),
+        LaunchConfig(64, 32, 4, 2),
+        LaunchConfig(64, 32, 8, 2),
+        LaunchConfig(64, 64, 8, 2),
     ],
     "bwd_dkdv": [
         LaunchConfig(32, 128, 4, 3),
@@ -50,6 +55,9 @@ CANDIDATES: dict[str, list[LaunchConfig]] = {
         LaunchConfig(16, 128, 4, 3),
         LaunchConfig(64, 64, 8, 3),
         LaunchConfig(32, 64, 8, 3),
+        LaunchConfig(16, 32, 8, 1),
+        LaunchConfig(16, 64, 8, 2),
+        LaunchConfig(32, 64, 8, 2),
     ],
     "bwd_dq": [
         LaunchConfig(128, 32, 4, 3),
@@ -61,9 +69,26 @@ CANDIDATES: dict[str, list[LaunchConfig]] = {
         LaunchConfig(128, 64, 4, 3),
         LaunchConfig(64, 16, 4, 4),
         LaunchConfig(64, 64, 8, 3),
+        LaunchConfig(32, 16, 8, 1),
+        LaunchConfig(64, 16, 8, 2),
+        LaunchConfig(64, 32, 8, 2),
     ],
 }
-HEADS = {32: 24, 64: 12, 128: 16}
+HEADS = {16: 48, 32: 24, 64: 12, 128: 16, 256: 8}
+
+
+def candidates(kernel_pass: str, head_dim: int) -> list[LaunchConfig]:
+    """The candidates worth compiling at this head dim: tiles of D columns grow with D, and past these sizes they
+    spill registers or exceed shared memory (Hopper's 228 KiB)."""
+
+    def fits(cfg: LaunchConfig) -> bool:
+        if head_dim == 256:
+            return cfg.block_m * cfg.block_n <= 64 * 64 and cfg.num_stages <= 2 and cfg.num_warps == 8
+        if head_dim == 128:
+            return cfg.block_m * cfg.block_n <= 128 * 64 or cfg.num_stages <= 2
+        return True
+
+    return [cfg for cfg in CANDIDATES[kernel_pass] if fits(cfg)]
 
 
 def tflops(flops: float, ms: float) -> float:
@@ -91,9 +116,7 @@ def tune_shape(
     results = {}
     for kernel_pass in passes:
         run, timings = runners[kernel_pass], []
-        for cfg in CANDIDATES[kernel_pass]:
-            if head_dim == 128 and cfg.block_m * cfg.block_n > 128 * 64 and cfg.num_stages > 2:
-                continue  # spills or exceeds shared memory at D = 128
+        for cfg in candidates(kernel_pass, head_dim):
             launch = functools.partial(run, cfg)
             try:
                 launch()
@@ -122,13 +145,16 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_attention.py needs a CUDA GPU")
+    head_dims = [int(d) for d in args.head_dims.split(",")]
+    if unknown := sorted(set(head_dims) - set(NATIVE_HEAD_DIMS)):
+        sys.exit(f"--head-dims: {unknown} are not native head dims {NATIVE_HEAD_DIMS} (others are padded to these)")
 
     dtype, dtype_name = torch.bfloat16, "bfloat16"
     passes = args.passes.split(",")
     table = json.loads(args.out.read_text())["configs"] if args.out.exists() else {}
     log = []
     started = time.time()
-    for head_dim in map(int, args.head_dims.split(",")):
+    for head_dim in head_dims:
         for dropout_p in map(float, args.dropout.split(",")):
             for seq_len in map(int, args.seq_lens.split(",")):
                 results = tune_shape(head_dim, seq_len, dropout_p, dtype, passes, args.warmup, args.rep)

@@ -1,6 +1,9 @@
 """The launch-configuration lookup: the committed H100 table covers what the benchmark and GPT-2 run, and every entry
 is a valid configuration."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from flashgpt.kernels.tuning import (
@@ -14,6 +17,9 @@ from flashgpt.kernels.tuning import (
     seq_len_bucket,
     table_key,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import tune_attention
 
 
 def test_seq_len_buckets():
@@ -53,3 +59,15 @@ def test_validate_refuses_tiles_the_kernels_cannot_run():
         LaunchConfig(48, 16, 4, 3).validate("fwd")
     with pytest.raises(ValueError, match="tile 64 must divide tile 32"):
         LaunchConfig(64, 32, 4, 3).validate("bwd_dkdv")
+
+
+@pytest.mark.parametrize("kernel_pass", PASSES)
+def test_tuning_candidates_cover_every_native_head_dim(kernel_pass):
+    """scripts/tune_attention.py tries valid configurations at every native head dim, the default among them, so
+    a tuned entry is never slower than what an untuned shape gets."""
+    for head_dim in NATIVE_HEAD_DIMS:
+        tried = tune_attention.candidates(kernel_pass, head_dim)
+        for cfg in tried:
+            cfg.validate(kernel_pass)
+        default = launch_config(kernel_pass, head_dim, "bfloat16", True, False, 4096, interpreting=False, hopper=False)
+        assert default in tried, f"{kernel_pass} D={head_dim}: default {default} is not a candidate"
