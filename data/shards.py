@@ -4,18 +4,24 @@ A shard folder `<cache_dir>/<name>-<key>/` (key: a hash of everything that decid
   train.bin, val.bin             uint16 tokens; each document is `<|endoftext|>` followed by its text
   train_docs.npy, val_docs.npy   int64 offset of each document's leading `<|endoftext|>`
   doc_ids.json                   {"train": [...], "val": [...]}, in shard order
-  meta.json                      source, provenance, checksum, tokenizer, counts per split, format version
+  meta.json                      source, provenance, checksum, tokenizer, counts per split, format version, and
+                                 the size and checksum of each file above (and of local input files)
 It is written under a temporary name and renamed into place, so it is either complete or absent (a killed run
-leaves at most a hidden staging folder beside it, which nothing reads). The key hashes the config, not the
-source's contents, so that a GPU machine finds shipped shards without the source: after editing the files
-behind a text_files or hf config, tokenize again with `scripts/prepare_data.py ... --force`.
+leaves at most a hidden staging folder beside it, which nothing reads and the next prepare removes). The key
+hashes the config, not the source's contents, so that a GPU machine finds shipped shards without the source.
+
+Opening a folder verifies it (data/integrity.py): every file against the size and checksum recorded when it was
+written, the token and document counts against meta.json, every document starting with `<|endoftext|>`; and
+where the local files a text_files or hf source reads can be found, that none was edited, added or removed since.
+A folder that fails is tokenized again, or, where that is not allowed, refused with an error naming the file.
 """
 
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -25,11 +31,18 @@ from typing import Any
 import numpy as np
 
 from flashgpt.data.config import DataConfig, prepare_command
-from flashgpt.data.sources import Document, open_corpus, source_identity
+from flashgpt.data.integrity import ShardError, changed_inputs, check_files, fingerprint_inputs, record_files
+from flashgpt.data.sources import Document, local_input_files, open_corpus, source_identity
 from flashgpt.data.tokenizer import EOT_ID, TOKENIZER_NAME, VOCAB_SIZE, get_tokenizer
+from flashgpt.leftovers import make_temp_dir, remove_if_abandoned
 
-FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2  # 2: meta.json records every file's size and checksum, and the local input files
 SPLITS = ("train", "val")
+SHARD_FILES = ("train.bin", "val.bin", "train_docs.npy", "val_docs.npy", "doc_ids.json")
+# What a staging or retired folder of `<name>-<key>` is called, before its owner and random part.
+_TEMPORARY = re.compile(r"^\.(?P<target>.+-[0-9a-f]{12}(?:\.old)?)\.")
 # Characters tokenized per call: enough to keep tiktoken's threads busy, with bounded memory.
 _BATCH_CHARS = 4_000_000
 
@@ -46,8 +59,10 @@ class TokenSplits:
 
 
 def load_splits(cfg: DataConfig, *, prepare_if_missing: bool = True) -> TokenSplits:
-    """The memory-mapped splits of `cfg`'s corpus, tokenized first if missing and `prepare_if_missing`."""
+    """The verified, memory-mapped splits of `cfg`'s corpus. Tokenized first if missing, and again if damaged or
+    stale, when `prepare_if_missing`; otherwise those raise FileNotFoundError / ShardError naming the file."""
     directory = shard_dir(cfg)
+    remove_abandoned_staging(directory.parent)
     if not (directory / "meta.json").is_file():
         if not prepare_if_missing:
             raise FileNotFoundError(
@@ -56,7 +71,31 @@ def load_splits(cfg: DataConfig, *, prepare_if_missing: bool = True) -> TokenSpl
                 "here."
             )
         prepare_shards(cfg)
-    return open_shards(directory)
+    try:
+        return _open_current(cfg, directory)
+    except ShardError as error:
+        if not prepare_if_missing:
+            raise ShardError(
+                f"{error}. Tokenize it again where its source can be reached: `{prepare_command(cfg)} --force`"
+            ) from error
+        log.warning(f"{error}; tokenizing data={cfg.name} again")
+        try:
+            prepare_shards(cfg, force=True)
+        except (FileNotFoundError, ConnectionError) as unreachable:
+            raise ShardError(f"{error}; tokenizing it again failed: {unreachable}") from unreachable
+        return _open_current(cfg, directory)
+
+
+def _open_current(cfg: DataConfig, directory: Path) -> TokenSplits:
+    """open_shards, and check that the local files the source reads (if any are found here) are unchanged."""
+    splits = open_shards(directory)
+    recorded = splits.meta["inputs"]
+    files = local_input_files(cfg) if recorded else []
+    changed = changed_inputs(recorded, files) if files else []
+    if changed:
+        listed = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ShardError(f"{directory} is stale: its input files changed since it was tokenized: {listed}")
+    return splits
 
 
 def shard_dir(cfg: DataConfig) -> Path:
@@ -71,11 +110,45 @@ def shard_dir(cfg: DataConfig) -> Path:
 
 
 def open_shards(directory: Path) -> TokenSplits:
-    meta = json.loads((directory / "meta.json").read_text())
-    meta["shard_dir"] = str(directory)
+    """The splits in `directory`, verified against its meta.json; raises ShardError naming the file that fails."""
+    meta = _read_meta(directory)
+    check_files(directory, meta["files"])
     tokens = {split: np.memmap(directory / f"{split}.bin", dtype=np.uint16, mode="r") for split in SPLITS}
-    docs = {split: np.load(directory / f"{split}_docs.npy") for split in SPLITS}
+    docs = {split: np.load(directory / f"{split}_docs.npy", allow_pickle=False) for split in SPLITS}
+    for split in SPLITS:
+        _check_split(directory, split, tokens[split], docs[split], meta)
+    meta["shard_dir"] = str(directory)
     return TokenSplits(tokens["train"], tokens["val"], docs["train"], docs["val"], meta)
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    path = directory / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ShardError(f"{path} cannot be read: {error}") from error
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        found = meta.get("format_version") if isinstance(meta, dict) else None
+        raise ShardError(f"{path} has format_version {found}, this code reads {FORMAT_VERSION}")
+    missing = [key for key in ("files", "inputs", "n_tokens", "n_docs", "vocab_size") if key not in meta]
+    if missing:
+        raise ShardError(f"{path} lacks {', '.join(missing)}")
+    return meta
+
+
+def _check_split(directory: Path, split: str, tokens: np.ndarray, docs: np.ndarray, meta: dict[str, Any]) -> None:
+    """Counts as recorded, and document offsets that start at 0, increase, and each point at an EOT."""
+    if len(tokens) != meta["n_tokens"][split]:
+        raise ShardError(
+            f"{directory / split}.bin holds {len(tokens)} tokens, meta.json says {meta['n_tokens'][split]}"
+        )
+    where = directory / f"{split}_docs.npy"
+    if docs.ndim != 1 or docs.dtype != np.int64 or len(docs) != meta["n_docs"][split]:
+        raise ShardError(f"{where} is not {meta['n_docs'][split]} int64 document offsets")
+    if len(docs) and (docs[0] != 0 or np.any(np.diff(docs) <= 0) or docs[-1] >= len(tokens)):
+        raise ShardError(f"{where} offsets do not start at 0 and increase within the {len(tokens)} tokens")
+    if np.any(tokens[docs] != EOT_ID):
+        raise ShardError(f"{directory / split}.bin has documents that do not start with <|endoftext|>")
 
 
 def read_doc_ids(directory: Path) -> dict[str, list[str]]:
@@ -89,7 +162,8 @@ def prepare_shards(cfg: DataConfig, *, force: bool = False) -> Path:
     if (directory / "meta.json").is_file() and not force:
         return directory
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    remove_abandoned_staging(directory.parent)
+    staging = make_temp_dir(directory.parent, directory.name)
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; the published folder is ordinary shared data
         _write_shards(cfg, staging)
@@ -97,6 +171,19 @@ def prepare_shards(cfg: DataConfig, *, force: bool = False) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
+
+
+def remove_abandoned_staging(cache_dir: Path) -> list[Path]:
+    """Delete the staging and retired folders of shard folders in `cache_dir` whose writer was killed (a live
+    writer's are kept; see flashgpt/leftovers.py); returns what was deleted."""
+    if not cache_dir.is_dir():
+        return []
+    removed = []
+    for path in cache_dir.glob(".*"):
+        named = _TEMPORARY.match(path.name)
+        if named and remove_if_abandoned(path, named["target"]):
+            removed.append(path)
+    return removed
 
 
 def split_score(work: str) -> float:
@@ -135,6 +222,7 @@ def _write_shards(cfg: DataConfig, out: Path) -> None:
     del all_tokens
     (out / "all.bin").unlink()
     (out / "doc_ids.json").write_text(json.dumps(doc_ids, indent=0))
+    inputs = fingerprint_inputs(local_input_files(cfg))  # after reading them: an edit meanwhile shows as stale
     meta = {
         "format_version": FORMAT_VERSION,
         "source": cfg.name,
@@ -149,6 +237,8 @@ def _write_shards(cfg: DataConfig, out: Path) -> None:
         "n_docs": {split: len(ids) for split, ids in doc_ids.items()},
         "n_tokens": n_tokens,
         "skipped_docs": {"empty": tokenized.n_empty, "duplicate": tokenized.n_duplicate},
+        "files": record_files(out, SHARD_FILES),
+        "inputs": inputs,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "prepare_seconds": round(time.perf_counter() - started, 1),
     }
@@ -225,7 +315,7 @@ def _val_mask(works: list[str], val_fraction: float) -> np.ndarray:
 def _publish(staging: Path, directory: Path, *, replace: bool) -> None:
     if directory.exists() and (replace or not (directory / "meta.json").is_file()):
         # Move the old folder aside before deleting it: a rename is atomic, a recursive delete is not.
-        retired = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+        retired = make_temp_dir(directory.parent, f"{directory.name}.old")
         os.rename(directory, retired / directory.name)
         shutil.rmtree(retired)
     try:

@@ -89,6 +89,26 @@ def source_identity(cfg: DataConfig) -> dict[str, Any]:
     return {field: getattr(cfg, field) for field in ("name", *_IDENTITY_FIELDS[cfg.name], "max_documents")}
 
 
+def local_input_files(cfg: DataConfig) -> list[Path]:
+    """The files of this machine that `cfg`'s source reads, sorted: those of text_files, or an hf builder's local
+    data_files. Empty for sources fetched from pinned downloads or the network, and when none is found here."""
+    if cfg.name == "text_files":
+        try:
+            return _matching_files(cfg.path)[0]
+        except FileNotFoundError:
+            return []
+    if cfg.name == "hf" and _reads_local_files(cfg):
+        return sorted(Path(f) for f in glob.glob(cfg.data_files, recursive=True) if Path(f).is_file())
+    return []
+
+
+def _reads_local_files(cfg: DataConfig) -> bool:
+    """Whether an hf config reads data_files from this machine (a builder such as "json" with local paths)."""
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    return bool(cfg.hf_path in _PACKAGED_DATASETS_MODULES and cfg.data_files and "://" not in cfg.data_files)
+
+
 def download_dir(cfg: DataConfig) -> Path:
     return Path(cfg.cache_dir) / "downloads"
 
@@ -229,7 +249,6 @@ def _long_mix(cfg: DataConfig) -> Corpus:
 
 def _hugging_face(cfg: DataConfig) -> Corpus:
     from datasets import load_dataset
-    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
 
     where = f"hf_path={cfg.hf_path!r} hf_name={cfg.hf_name!r} hf_split={cfg.hf_split!r}"
     where += f" data_files={cfg.data_files!r}"
@@ -238,8 +257,7 @@ def _hugging_face(cfg: DataConfig) -> Corpus:
         f"`{prepare_command(cfg)}` and copy the shard folder it prints."
     )
     # Builders such as "json" read data_files from this machine, and report a glob matching nothing obscurely.
-    local_files = cfg.hf_path in _PACKAGED_DATASETS_MODULES and cfg.data_files and "://" not in cfg.data_files
-    if local_files and not glob.glob(cfg.data_files, recursive=True):
+    if _reads_local_files(cfg) and not glob.glob(cfg.data_files, recursive=True):
         raise FileNotFoundError(f"data.data_files={cfg.data_files!r} matches no file ({where}).")
     try:
         dataset = load_dataset(

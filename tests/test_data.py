@@ -75,7 +75,7 @@ def test_config_group_files_merge_into_data_config(name):
 
 def test_shakespeare_documents_are_whole_and_split_by_work(shakespeare):
     meta = shakespeare.meta
-    assert meta["source"] == "shakespeare" and meta["tokenizer"] == "gpt2" and meta["format_version"] == 1
+    assert meta["source"] == "shakespeare" and meta["tokenizer"] == "gpt2" and meta["format_version"] == 2
     assert sum(meta["n_docs"].values()) == 77 and meta["n_docs"]["val"] >= 1
     assert meta["n_tokens"] == {"train": len(shakespeare.train), "val": len(shakespeare.val)}
     assert shakespeare.train.dtype == np.uint16 and isinstance(shakespeare.train, np.memmap)

@@ -2,6 +2,7 @@
 run, changed settings on resume, leftovers of killed processes, and the start-up checks. The end-to-end cases
 run train.py as a user does (tests/training_runs.py: gpt2-tiny, sdpa, Shakespeare, CPU)."""
 
+import json
 import os
 import pickle
 import random
@@ -17,6 +18,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from flashgpt.data import DataConfig, get_tokenizer, load_splits
+from flashgpt.data.fetch import kjv_debs
+from flashgpt.data.integrity import ShardError
+from flashgpt.data.shards import shard_dir
 from flashgpt.leftovers import STALE_AFTER_S, owner_prefix
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.training.checkpoint import (
@@ -183,6 +188,100 @@ def test_resumed_optimizer_takes_the_new_hyperparameters_and_keeps_its_moments()
     assert all(torch.equal(resumed.state[p]["exp_avg"], optimizer.state[p]["exp_avg"]) for p in model.parameters())
     resumed.step(), resumed_scheduler.step()
     assert resumed.param_groups[0]["lr"] == lr_at(5, new)
+
+
+# --- 4. token caches are verified, and rebuilt or refused ---
+
+
+@pytest.fixture
+def corpus(tmp_path) -> DataConfig:
+    """A text_files corpus of four small documents, with its own cache."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(4):
+        (folder / f"doc{i}.txt").write_text(f"Document {i}. " + "All the world's a stage. " * (20 + 7 * i))
+    return DataConfig(name="text_files", path=str(folder), cache_dir=str(tmp_path / "cache"), val_fraction=0.25)
+
+
+def overwrite_with(tokens: np.ndarray):
+    def damage(path: Path) -> None:
+        data = np.fromfile(path, dtype=np.uint16)
+        data[1 : 1 + len(tokens)] = tokens[: len(data) - 1]
+        data.tofile(path)
+
+    return damage
+
+
+CACHE_DAMAGE = {
+    "truncated": ("train.bin", lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])),
+    "empty": ("train.bin", lambda path: path.write_bytes(b"")),
+    "odd-size": ("train.bin", lambda path: path.write_bytes(path.read_bytes() + b"\x00")),
+    "random-in-vocab": ("train.bin", overwrite_with(np.random.default_rng(0).integers(0, 50256, 100, dtype=np.uint16))),
+    "out-of-vocab": ("val.bin", overwrite_with(np.full(3, 60000, dtype=np.uint16))),
+    "docs": ("train_docs.npy", lambda path: np.save(path, np.load(path)[::-1].copy())),
+    "bad-meta": ("meta.json", lambda path: path.write_text(path.read_text()[:-40])),
+    "old-meta": ("meta.json", lambda path: path.write_text(json.dumps({"format_version": 1}))),
+}
+
+
+@pytest.mark.parametrize("case", list(CACHE_DAMAGE))
+def test_a_damaged_token_cache_is_refused_naming_the_file_or_rebuilt(corpus, case):
+    name, damage = CACHE_DAMAGE[case]
+    good = load_splits(corpus)
+    directory = Path(good.meta["shard_dir"])
+    train_tokens, val_tokens = np.array(good.train), np.array(good.val)
+    damage(directory / name)
+    with pytest.raises(ShardError, match=f"{directory / name}|{directory / name.split('.')[0]}"):
+        load_splits(corpus, prepare_if_missing=False)
+    rebuilt = load_splits(corpus)  # what the trainer does: tokenize again
+    assert np.array_equal(rebuilt.train, train_tokens) and np.array_equal(rebuilt.val, val_tokens)
+
+
+def test_edited_text_files_make_the_cache_stale(corpus):
+    first = load_splits(corpus)
+    directory, doc = Path(first.meta["shard_dir"]), Path(corpus.path) / "doc0.txt"
+    os.utime(doc, ns=(0, 0))  # only the time changes (a copy): the same text, so the cache is kept
+    assert load_splits(corpus, prepare_if_missing=False).meta["created_utc"] == first.meta["created_utc"]
+    doc.write_text("Document 0, rewritten. " * 30)
+    with pytest.raises(ShardError, match=f"{directory} is stale: .*doc0.txt \\(edited\\)"):
+        load_splits(corpus, prepare_if_missing=False)
+    (Path(corpus.path) / "doc4.txt").write_text("A fifth document. " * 30)
+    with pytest.raises(ShardError, match=r"doc0.txt \(edited\).*doc4.txt \(added\)|doc4.txt \(added\).*doc0"):
+        load_splits(corpus, prepare_if_missing=False)
+    texts = decoded(load_splits(corpus))
+    assert "Document 0, rewritten." in texts and "A fifth document." in texts
+
+
+def decoded(splits) -> str:
+    return get_tokenizer().decode(np.concatenate([splits.train, splits.val]).tolist())
+
+
+def test_abandoned_staging_folders_are_removed_and_live_ones_kept(corpus):
+    directory = shard_dir(corpus)
+    directory.parent.mkdir(parents=True)
+    dead = directory.parent / f"{owner_prefix(directory.name, pid=dead_pid())}abc"
+    live = directory.parent / f"{owner_prefix(directory.name)}def"
+    retired = directory.parent / f"{owner_prefix(directory.name + '.old', pid=dead_pid())}ghi"
+    for folder in (dead, live, retired):
+        folder.mkdir()
+        (folder / "all.bin").write_bytes(b"\x00" * 64)
+    load_splits(corpus)
+    assert not dead.exists() and not retired.exists() and live.is_dir()
+
+
+def test_a_tampered_cached_deb_is_refused_before_its_program_runs(tmp_path):
+    if shutil.which("apt-get") is None:
+        pytest.skip("the KJV Bible comes from Debian's apt")
+    cached = kjv_debs(REPO / ".cache" / "data" / "downloads")  # downloads them if absent
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    for deb in cached.values():
+        shutil.copy(deb, downloads)
+    assert kjv_debs(downloads).keys() == cached.keys()
+    reader = downloads / cached["bible-kjv"].name
+    reader.write_bytes(reader.read_bytes() + b"#!/bin/sh\n")
+    with pytest.raises(ValueError, match=f"{reader} has sha256 [0-9a-f]{{64}}; the trusted builds of it have"):
+        kjv_debs(downloads)
 
 
 # --- 5. damaged checkpoints are detected, and never named as the last good one ---
