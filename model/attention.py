@@ -203,3 +203,18 @@ def prepare_backend(name: str, device: torch.device) -> bool:
         raise RuntimeError("`flashgpt.kernels` was imported before TRITON_INTERPRET=1 was set; flash cannot run on CPU")
     os.environ["TRITON_INTERPRET"] = "1"
     return True
+
+
+def check_head_dim(name: str, head_dim: int) -> None:
+    """Raise ValueError at start-up if backend `name` cannot run heads of `head_dim` (model.d_model / model.n_head),
+    rather than at the first training step. For flash this imports the kernel: call it after prepare_backend."""
+    if name != "flash":
+        return
+    from flashgpt.kernels.interface import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, NATIVE_HEAD_DIMS
+
+    if head_dim % HEAD_DIM_MULTIPLE or not NATIVE_HEAD_DIMS[0] <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"attention=flash runs head dims (model.d_model / model.n_head) that are multiples of {HEAD_DIM_MULTIPLE} "
+            f"from {NATIVE_HEAD_DIMS[0]} to {MAX_HEAD_DIM}; this model's is {head_dim}. Change model.n_head or "
+            "model.d_model, or use attention=sdpa"
+        )

@@ -396,6 +396,13 @@ def test_a_warmup_longer_than_the_run_is_warned_about(compose_config, caplog):
     assert "climbs to 25% of train.lr" in caplog.text
 
 
+def test_flash_with_an_unsupported_head_dim_fails_before_any_data_is_read(tmp_path):
+    no_data = ["data=text_files", f"data.path={tmp_path / 'no-corpus'}"]  # reading data would fail too
+    stderr = failed(train(tmp_path / "run", "attention=flash", "model.n_head=16", *no_data))
+    assert "attention=flash runs head dims (model.d_model / model.n_head) that are multiples of 8" in stderr
+    assert "this model's is 8" in stderr
+
+
 # --- 8. kill -9 during checkpoint saves ---
 
 

@@ -18,7 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from flashgpt.data import load_splits
 from flashgpt.data.batches import get_batch
 from flashgpt.data.sampler import WindowSampler
-from flashgpt.model.attention import prepare_backend
+from flashgpt.model.attention import check_head_dim, prepare_backend
 from flashgpt.training.checkpoint import (
     LATEST,
     capture_rng_state,
@@ -71,6 +71,7 @@ class Trainer:
         self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * ctx.world_size
         if prepare_backend(cfg.attention.name, device):
             log.warning("attention=flash without CUDA runs through the Triton interpreter: slow but exact")
+        check_head_dim(cfg.attention.name, cfg.model.d_model // cfg.model.n_head)
         _seed_everything(cfg.seed + ctx.rank)  # distinct dropout per rank; DDP broadcasts rank 0's initial weights
 
         splits = load_splits(cfg.data, prepare_if_missing=True)
