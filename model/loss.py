@@ -49,6 +49,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss_sum = torch.zeros((), dtype=accumulate, device=x.device)
         dx_chunks = []
         dw = torch.zeros(weight.shape, dtype=accumulate, device=x.device) if needs_grad else None
+        vocab_ids = torch.arange(weight.size(0), device=x.device)  # (V,)
         for start in range(0, n_tokens, chunk_tokens):
             x_chunk = x[start : start + chunk_tokens].to(dtype)  # (n, C)
             t_chunk = targets[start : start + chunk_tokens, None]  # (n, 1)
@@ -57,8 +58,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss_sum = loss_sum + (lse - logits.gather(1, t_chunk)).sum()
             if needs_grad:
                 # d mean_loss / d logits = (softmax - onehot) / N, rounded to the matmul dtype only at the end.
-                probs = (logits - lse).exp()
-                dlogits = probs.scatter_add(1, t_chunk, -torch.ones_like(lse)).div(n_tokens).to(dtype)  # (n, V)
+                # One elementwise expression (the one-hot as a comparison, not a scatter), so that the compiler
+                # fuses it into a single pass over the chunk's logits.
+                onehot = vocab_ids == t_chunk  # (n, V) bool
+                dlogits = (((logits - lse).exp() - onehot.to(logits.dtype)) / n_tokens).to(dtype)  # (n, V)
                 dx_chunks.append(dlogits @ w)  # (n, C)
                 dw = dw + dlogits.t() @ x_chunk  # (V, C), summed over chunks in (at least) fp32
         if needs_grad:

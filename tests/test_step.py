@@ -2,7 +2,11 @@
 model, gradient accumulation, and the on-device guard that never applies a non-finite update (in a TrainStep and
 in a whole Trainer run that keeps its last good checkpoint)."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,3 +223,23 @@ def test_a_nan_mid_run_stops_it_with_the_weights_and_checkpoint_of_the_last_good
     assert result["message"] == f"{where} became nan at step 5"
     assert result["last_checkpoint"] == str(tmp_path / "checkpoints" / "latest.pt")
     assert read_metrics(tmp_path)[-1]["status"] == "nan"
+
+
+def test_bench_train_smoke_times_every_step_and_writes_json(tmp_path):
+    """scripts/bench_train.py --smoke on the CPU: the reference and train.py's step for every backend, each traced
+    whole by torch.compile (aot_eager) and run for two steps."""
+    out = tmp_path / "bench.json"
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # the script sets it
+    command = [sys.executable, "scripts/bench_train.py", "--smoke", "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["command"] == f"python scripts/bench_train.py --smoke --out {out}" and report["complete"]
+    rows = {row["provider"]: row for row in report["rows"]}
+    assert list(rows) == ["reference", "naive", "flash", "sdpa"]
+    for provider, row in rows.items():
+        assert row["status"] == "ok" and row["tokens_per_sec"] > 0, row
+        assert (row["seq_len"], row["batch"], row["dropout"]) == (64, 4, 0.1)
+        assert 10.0 < row["loss"] < 11.5, row  # random tokens: about ln(50257) = 10.8 at initialisation
+        assert row.get("fullgraph", True), f"{provider}: torch.compile broke the graph"
+    assert "| train.py attention=flash |" in done.stdout and "| flash / sdpa |" in done.stdout

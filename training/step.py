@@ -54,18 +54,20 @@ def compile_model(model: GPT, backend: str = "inductor") -> nn.Module:
     Shapes are static (dynamic=False): a training run calls the compiled model with one (B, T) only, and a
     dynamic-shape recompile would be slower. Evaluation runs the model uncompiled.
     """
-    inner = model.blocks[0].attn.inner
-    fullgraph = _traces_in_one_graph(inner, next(model.parameters()).device, model.cfg.dropout)
+    fullgraph = attention_traces_in_one_graph(model)
     if not fullgraph:
         log.warning(
-            f"torch.compile cannot trace attention={type(inner).__name__} in one graph (it is not a PyTorch "
+            f"torch.compile cannot trace attention={model.attention.name} in one graph (it is not a PyTorch "
             "operator in this build): compiling with a graph break at every attention call, which costs speed"
         )
     return torch.compile(model, fullgraph=fullgraph, dynamic=False, backend=backend)
 
 
-def _traces_in_one_graph(inner: nn.Module, device: torch.device, dropout_p: float) -> bool:
-    """Whether dynamo captures one call of the inner attention without a graph break (probed on a tiny input)."""
+def attention_traces_in_one_graph(model: GPT) -> bool:
+    """Whether dynamo captures a call of the model's inner attention without a graph break (probed on a tiny
+    input, with the model's dropout)."""
+    inner, dropout_p = model.blocks[0].attn.inner, model.cfg.dropout
+    device = next(model.parameters()).device
 
     def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return inner(q, k, v, mask=AttentionMask(), dropout_p=dropout_p, scale=0.125)
