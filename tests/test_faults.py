@@ -36,7 +36,12 @@ from flashgpt.training.checkpoint import (
     verify_checkpoint,
 )
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
-from flashgpt.training.resume import apply_optimizer_settings, optimizer_settings
+from flashgpt.training.resume import (
+    ResumeConfigError,
+    apply_optimizer_settings,
+    check_resume_config,
+    optimizer_settings,
+)
 from flashgpt.training.schedule import build_scheduler, lr_at
 from training_runs import REPO, TINY, assert_ok, read_metrics, read_result, train
 
@@ -162,6 +167,20 @@ def test_a_changed_learning_rate_on_resume_is_applied(run_dir):
     metrics = read_metrics(run_dir)
     new_schedule = TrainConfig(lr=1e-2, warmup_steps=3, max_steps=4)
     assert [m["train/lr"] for m in metrics[2:]] == pytest.approx([lr_at(3, new_schedule), lr_at(4, new_schedule)])
+
+
+def test_resume_policy_per_key(tmp_path):
+    saved = {"seed": 0, "model": {"dropout": 0.0, "init_from": "hf:gpt2", "n_head": 2}, "train": {"lr": 1e-3}}
+    applied = {"seed": 0, "model": {"dropout": 0.1, "init_from": None, "n_head": 2}, "train": {"lr": 2e-3}}
+    assert check_resume_config(saved, applied, tmp_path / LATEST) == [
+        "model.dropout: 0.0 -> 0.1",
+        "train.lr: 0.001 -> 0.002",
+    ]
+    refused = {**applied, "seed": 1, "data": {"document_mask": True}}
+    with pytest.raises(ResumeConfigError) as refusal:
+        check_resume_config({**saved, "data": {"document_mask": False}}, refused, tmp_path / LATEST)
+    assert "seed=0 in the checkpoint, seed=1 now (the seed orders the data windows" in str(refusal.value)
+    assert "data.document_mask=False in the checkpoint, data.document_mask=True now" in str(refusal.value)
 
 
 def test_resumed_optimizer_takes_the_new_hyperparameters_and_keeps_its_moments():

@@ -17,17 +17,21 @@ from torch.optim.lr_scheduler import LambdaLR
 
 log = logging.getLogger(__name__)
 
-# Prefixes of dotted keys a resumed run may not change, and why; the first match of a key wins.
-_APPLIED_EXCEPTIONS = ("model.dropout", "data.cache_dir")  # no effect on the weights' shapes or the data order
+# Keys under the refused prefixes below that change neither the weights' shapes, nor what the model computes, nor
+# the data order: where the cache lives, how a source is read, and dropout and recomputation in training.
+_APPLIED_EXCEPTIONS = ("model.dropout", "model.activation_checkpointing", "data.cache_dir", "data.streaming")
+# Keys (or, ending in ".", groups of keys) a resumed run may not change, and why; the first match wins.
 _REFUSED = {
     "model.": "the checkpoint's weights have the model's shape",
     "attention.": "the model was trained with that attention",
+    "data.document_mask": "the model was trained with that attention mask",
     "seq_len": "the position table and the data windows have that length",
     "data.": "the data position continues in that corpus",
     "seed": "the seed orders the data windows the run walks through",
 }
-# Never compared: how this job was launched, not what it trains.
-_IGNORED = ("resume", "overwrite")
+# Never compared: how this job was launched, and where a fresh run's first weights came from (a resumed run
+# takes them from its checkpoint).
+_IGNORED = ("resume", "overwrite", "model.init_from", "extend_from")
 
 
 class ResumeConfigError(ValueError):
@@ -72,7 +76,10 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], checkpoi
 def _refusal(key: str) -> str | None:
     if key in _APPLIED_EXCEPTIONS:
         return None
-    return next((reason for prefix, reason in _REFUSED.items() if key == prefix or key.startswith(prefix)), None)
+    for name, reason in _REFUSED.items():
+        if key == name or (name.endswith(".") and key.startswith(name)):
+            return reason
+    return None
 
 
 def optimizer_settings(optimizer: Optimizer) -> list[dict[str, Any]]:
