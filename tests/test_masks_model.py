@@ -3,7 +3,10 @@ block-sparse patterns; document ids from `<|endoftext|>`; the config checks; and
 give exactly the tokens of recomputing the sequence at every step."""
 
 import math
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from flashgpt.data.documents import document_ids
-from flashgpt.data.tokenizer import EOT_ID, get_tokenizer
+from flashgpt.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
 from flashgpt.model.attention import AttentionConfig, AttentionMask, build_attention
 from flashgpt.model.generation import generate, sample_next
 from flashgpt.model.gpt import GPT, ModelConfig
@@ -27,8 +30,14 @@ from flashgpt.model.sparsity import (
     strided_blocks,
     visible_fraction,
 )
-from flashgpt.training.config import register_configs, typed_config, validate
-from training_runs import REPO
+from flashgpt.training.config import EvalConfig, register_configs, typed_config, validate
+from flashgpt.training.distributed import DistContext
+from flashgpt.training.evaluation import Evaluator
+from flashgpt.training.step import TrainStep
+from training_runs import REPO, assert_ok, read_result, train
+
+sys.path.insert(0, str(REPO / "scripts"))
+import sample
 
 TINY = ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128)  # head dim 64, as configs/model/gpt2-tiny
 SEQ_LEN = 80  # 5 blocks of 16: several blocks, and (with 77-token inputs) a partial last one
@@ -405,3 +414,67 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy():
     for seed in range(20):
         token = sample_next(logits, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(seed))
         assert token.item() in (1, 2)
+
+
+# --- the trainer and the sampling script ---------------------------------------------------------------------------
+
+CPU = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def document_ids_seen(model: GPT) -> list:
+    """Record the document_ids the model is called with."""
+    seen = []
+    model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs.get("document_ids")), with_kwargs=True)
+    return seen
+
+
+@pytest.mark.parametrize("document_mask", [False, True])
+def test_train_step_and_evaluator_hand_the_batch_document_ids_to_the_model(document_mask):
+    model = tiny_gpt(AttentionConfig("naive"), "sdpa", seq_len=16)
+    seen = document_ids_seen(model)
+    optimizer = model.configure_optimizer(1e-3, 0.1, (0.9, 0.95), "cpu")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda index: 1.0)
+    step = TrainStep(model, optimizer, scheduler, grad_accum=1, grad_clip=1.0, ctx=CPU, document_mask=document_mask)
+    window = packed_tokens(2, 17, seed=8)
+    step(lambda: (window[:, :-1], window[:, 1:]))
+    tokens = packed_tokens(1, 200, seed=9)[0].numpy().astype(np.uint16)
+    evaluator = Evaluator(
+        tokens, np.array([0]), 16, EvalConfig(steps=1, batch_size=2), CPU, document_mask=document_mask
+    )
+    evaluator.evaluate(model)
+    assert len(seen) == 2
+    if document_mask:
+        torch.testing.assert_close(seen[0], document_ids(window[:, :-1]), rtol=0, atol=0)
+        torch.testing.assert_close(seen[1], document_ids(evaluator.windows[:, :-1]), rtol=0, atol=0)
+    else:
+        assert seen == [None, None]
+
+
+def test_a_short_masked_run_trains_and_its_checkpoint_writes_text(tmp_path):
+    """train.py with a window, a block-sparse pattern and document masking; then scripts/sample.py on its checkpoint
+    (another backend) writes exactly the tokens that generate() gives in-process."""
+    run_dir = tmp_path / "run"
+    masks = [
+        "attention.window_size=24", "attention.block_sparse.pattern=strided", "attention.block_sparse.stride=2",
+        "attention.block_size=16", "data.document_mask=true",
+    ]  # fmt: skip
+    proc = train(run_dir, "train.max_steps=3", "eval.every=3", "checkpoint.every=3", *masks)
+    assert_ok(proc)
+    log = proc.stdout + proc.stderr
+    expected_log = "attention masks: causal, window 24, block-sparse strided(stride=2, local_blocks=2), blocks of 16"
+    assert expected_log in log and "documents (data.document_mask)" in log
+    assert read_result(run_dir)["status"] == "ok"
+
+    checkpoint = run_dir / "checkpoints" / "latest.pt"
+    model, config = sample.load_model(checkpoint, "naive", torch.device("cpu"))
+    assert config["data"]["document_mask"] and model.attention.window_size == 24
+    assert torch.equal(model.block_layout, strided_blocks(4, stride=2))
+    prompt = torch.tensor([get_tokenizer().encode("ROMEO:")])
+    tokens = generate(model, prompt, 12, temperature=0.0, n_vocab=VOCAB_SIZE, document_mask=True)
+    command = [sys.executable, "scripts/sample.py", str(checkpoint), "--prompt", "ROMEO:", "--max-new-tokens", "12"]
+    out = subprocess.run(
+        [*command, "--temperature", "0", "--attention", "sdpa"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"--- sample 0 ---\n{get_tokenizer().decode(tokens[0].tolist())}\n"
+    assert "12 tokens in" in out.stderr and "attention=sdpa, context 64" in out.stderr

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from flashgpt.data.documents import document_ids
 from flashgpt.data.eval_spans import held_out_spans
 from flashgpt.training.config import EvalConfig
 from flashgpt.training.distributed import DistContext, all_reduce_sum
@@ -38,8 +39,10 @@ class Evaluator:
         seq_len: int,
         cfg: EvalConfig,
         ctx: DistContext,
+        document_mask: bool = False,
     ) -> None:
-        """Cut this rank's share of the fixed held-out windows (see the module docstring)."""
+        """Cut this rank's share of the fixed held-out windows (see the module docstring); document_mask: score
+        with attention kept within documents, as in training with data.document_mask=true."""
         span_len = cfg.span_len or seq_len
         windows_per_span = span_len // seq_len
         n_windows = cfg.steps * cfg.batch_size
@@ -51,6 +54,7 @@ class Evaluator:
         self.seq_len = seq_len
         self.batch_size = cfg.batch_size
         self.ctx = ctx
+        self.document_mask = document_mask
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float | dict[str, float]]:
@@ -64,7 +68,8 @@ class Evaluator:
             batch = batch.to(device)
             x, y = batch[:, :-1], batch[:, 1:]  # (b, T) each
             with autocast(device):
-                loss = model(x, y, reduction="none")  # (b, T) fp32, without materialising (b, T, V) logits
+                ids = document_ids(x) if self.document_mask else None
+                loss = model(x, y, reduction="none", document_ids=ids)  # (b, T) fp32, no (b, T, V) logits
             loss_sum += loss.sum(dim=0, dtype=torch.float64)
         model.train(was_training)
         totals = all_reduce_sum(torch.cat([loss_sum, n_windows.view(1)]), self.ctx)

@@ -18,7 +18,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from flashgpt.data import load_splits
 from flashgpt.data.batches import get_batch
 from flashgpt.data.sampler import WindowSampler
-from flashgpt.model.attention import check_head_dim, prepare_backend
+from flashgpt.model.attention import check_head_dim, describe_masks, prepare_backend
 from flashgpt.training.checkpoint import (
     LATEST,
     capture_rng_state,
@@ -84,7 +84,8 @@ class Trainer:
             rank=ctx.rank,
             world_size=ctx.world_size,
         )
-        self.evaluator = Evaluator(splits.val, splits.val_docs, cfg.seq_len, cfg.eval, ctx)
+        document_mask = cfg.data.document_mask
+        self.evaluator = Evaluator(splits.val, splits.val_docs, cfg.seq_len, cfg.eval, ctx, document_mask=document_mask)
 
         self.raw_model, self.optimizer, self.scheduler = build_model_and_optimizer(cfg, device)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.seq_len)
@@ -109,6 +110,7 @@ class Trainer:
             grad_accum=self.grad_accum,
             grad_clip=cfg.train.grad_clip,
             ctx=ctx,
+            document_mask=document_mask,
         )
         # Steps queued on the device whose numbers the host has not read yet: (step, lr, numbers).
         self.in_flight: list[tuple[int, float, StepNumbers]] = []
@@ -126,6 +128,8 @@ class Trainer:
             f"(batch {cfg.train.batch_size} x grad_accum {self.grad_accum} x {ctx.world_size} ranks), "
             f"device {device_name(device)}"
         )
+        documents = ", documents (data.document_mask)" if document_mask else ""
+        log.info(f"attention masks: {describe_masks(cfg.attention, self.raw_model.block_layout)}{documents}")
 
     def _resume(self, path: Path | None) -> str | None:
         """Restore the full training state from `path`; returns the wandb run id to continue."""

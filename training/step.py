@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from flashgpt.data.documents import document_ids
 from flashgpt.model.attention import AttentionMask
 from flashgpt.model.gpt import GPT
 from flashgpt.training.distributed import DistContext, all_reduce_sum
@@ -41,7 +42,7 @@ Batch = tuple[Tensor, Tensor]  # inputs and targets, (B, T) int64 each, on the d
 
 def build_model_and_optimizer(cfg: Config, device: torch.device) -> tuple[GPT, torch.optim.AdamW, LambdaLR]:
     """The GPT of cfg.model at context cfg.seq_len on `device`, its AdamW and the learning-rate schedule."""
-    model = GPT(cfg.model, cfg.seq_len, cfg.attention.name).to(device)
+    model = GPT(cfg.model, cfg.seq_len, cfg.attention).to(device)
     train = cfg.train
     optimizer = model.configure_optimizer(train.lr, train.weight_decay, (train.beta1, train.beta2), device.type)
     return model, optimizer, build_scheduler(optimizer, train)
@@ -93,15 +94,17 @@ class TrainStep:
         grad_accum: int,
         grad_clip: float,
         ctx: DistContext,
+        document_mask: bool = False,
     ) -> None:
-        """model: the module to call (compiled and/or DDP-wrapped); grad_clip: max global norm, 0 for none."""
+        """model: the module to call (compiled and/or DDP-wrapped); grad_clip: max global norm, 0 for none;
+        document_mask: each batch's document ids, from its <|endoftext|> tokens, keep attention within documents."""
         if not optimizer.defaults.get("fused"):
             raise ValueError(
                 f"TrainStep needs a fused AdamW (on CUDA or CPU) to skip non-finite updates on the device; got "
                 f"{type(optimizer).__name__} with fused={optimizer.defaults.get('fused')}"
             )
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.grad_accum, self.ctx = grad_accum, ctx
+        self.grad_accum, self.ctx, self.document_mask = grad_accum, ctx, document_mask
         self.max_norm = grad_clip or math.inf  # an infinite bound measures the norm and scales by 1
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         # 1.0 once any step was non-finite; AdamW's fused kernel skips its update while it is set.
@@ -114,12 +117,13 @@ class TrainStep:
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         for micro_step in range(self.grad_accum):
             x, y = next_batch()
+            ids = document_ids(x) if self.document_mask else None  # (B, T)
             # DDP all-reduces gradients in backward; only the last micro-step's reduction is needed.
             last_micro_step = micro_step == self.grad_accum - 1
             no_sync = self.model.no_sync() if self.ctx.is_distributed and not last_micro_step else nullcontext()
             with no_sync:
                 with autocast(self.ctx.device):
-                    loss = self.model(x, y)  # scalar fp32, computed inside the (compiled) model
+                    loss = self.model(x, y, document_ids=ids)  # scalar fp32, computed inside the (compiled) model
                 (loss / self.grad_accum).backward()
             loss_sum += loss.detach()
         # Returns the norm before clipping as a device tensor; nothing here reads it.
