@@ -7,6 +7,9 @@ Examples:
 - python train.py ... resume=auto (continue the run dir's latest checkpoint)
 - python train.py -m experiment=long_context_speed attention=flash,sdpa seq_len=1024,4096,16384 (a sweep; the
   preset derives the batch from seq_len, so every point trains on the same tokens per step)
+- python train.py model=gpt2 model.init_from=hf:gpt2 (start from GPT-2's weights: a Hub name or a local directory)
+- python train.py ... profile=true (a torch.profiler trace of a few steady-state steps in <run dir>/profile/)
+- python train.py ... model.activation_checkpointing=true (recompute each block in the backward: less memory)
 - torchrun --nproc_per_node=8 train.py ... (DDP, one process per GPU)
 """
 

@@ -34,6 +34,7 @@ class ModelConfig:
     # Keep only each block's input in the forward and recompute the block in the backward: activation memory
     # falls from n_layer blocks' worth to one block's, for about a third more compute.
     activation_checkpointing: bool = False
+    init_from: str | None = None  # hf:<directory or Hub name>: start from GPT-2's weights (model/hf.py)
 
 
 class CausalSelfAttention(nn.Module):

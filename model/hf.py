@@ -233,11 +233,12 @@ def model_from_checkpoint(checkpoint: Path) -> GPT:
 
     state = load_checkpoint(checkpoint)
     saved = state["config"]
-    masks = {key: saved["attention"][key] for key in ("window_size", "block_sparse") if saved["attention"].get(key)}
-    if masks:
+    attention = saved["attention"]
+    window, sparse = attention.get("window_size"), (attention.get("block_sparse") or {}).get("pattern")
+    if window is not None or sparse is not None:
         raise ValueError(
-            f"{checkpoint} was trained with attention masks GPT-2 in transformers does not have ({masks}); its "
-            "export would compute something else"
+            f"{checkpoint} was trained with attention.window_size={window}, attention.block_sparse.pattern={sparse}: "
+            "GPT-2 in transformers attends to every earlier token, so its export would compute something else"
         )
     fields = ModelConfig.__dataclass_fields__
     cfg = ModelConfig(**{key: value for key, value in saved["model"].items() if key in fields})

@@ -260,3 +260,22 @@ def test_wandb_run_carries_group_tags_job_type_notes_and_plots_against_tokens(tm
             "first try",
         )
     assert steps == [[1, 2, 3, 4], [5, 6]]
+    assert not [r for path in (first, second) for r in records(path) if r.HasField("artifact")]  # opt-in only
+
+
+def test_checkpoints_become_model_artifacts_when_asked(tmp_path: Path) -> None:
+    run_dir, staging = tmp_path / "run", tmp_path / "wandb-data"
+    env = {**os.environ, "WANDB_DATA_DIR": str(staging)}  # where offline wandb keeps artifact copies until a sync
+    overrides = ["wandb.mode=offline", "wandb.log_checkpoints=true", "train.max_steps=2", "checkpoint.every=2"]
+    assert_ok(train(run_dir, *overrides, "eval.every=0", env=env))
+    [path] = offline_runs(run_dir)
+    [artifact] = [r.artifact for r in records(path) if r.HasField("artifact")]
+    assert (artifact.type, sorted(artifact.aliases), json.loads(artifact.metadata)) == (
+        "model",
+        ["latest", "step-2"],
+        {"step": 2},
+    )
+    [entry] = artifact.manifest.contents
+    checkpoint = run_dir / "checkpoints" / "latest.pt"
+    assert entry.path == "latest.pt" and entry.size == checkpoint.stat().st_size
+    assert Path(entry.local_path).read_bytes() == checkpoint.read_bytes()  # wandb's own copy

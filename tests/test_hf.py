@@ -4,15 +4,20 @@ same logits again."""
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_module
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from flashgpt.model import hf
 from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.training.config import register_configs, typed_config, validate
+from training_runs import assert_ok, read_result, train
 
 VOCAB = 50257  # GPT-2's; ours is padded to 50304
 N_POSITIONS = 32
@@ -150,3 +155,47 @@ def test_init_from_needs_the_hf_prefix(init_from: str) -> None:
 def test_a_missing_source_says_what_to_give(tmp_path: Path) -> None:
     with pytest.raises(OSError, match=r"model.init_from=hf:.*no-such-model: transformers could not load a GPT-2"):
         hf.load_hf_gpt2(str(tmp_path / "no-such-model"))
+
+
+def test_a_trained_checkpoint_goes_out_to_transformers_and_back_in_through_init_from(tmp_path: Path) -> None:
+    """train.py -> `python -m flashgpt.model.hf export` -> transformers loads it with the checkpoint's logits ->
+    train.py model.init_from=hf:<export> starts from it: its validation loss (after one step at lr 1e-9) is the
+    trained run's, up to the padded rows' bound."""
+    trained = tmp_path / "trained"
+    assert_ok(train(trained, "train.max_steps=12", "eval.every=12", "checkpoint.every=12"))
+    checkpoint, exported = trained / "checkpoints" / "latest.pt", tmp_path / "exported"
+    command = [sys.executable, "-m", "flashgpt.model.hf", "export", str(checkpoint), str(exported)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"GPT2LMHeadModel.from_pretrained('{exported}')" in proc.stdout
+
+    ours = hf.model_from_checkpoint(checkpoint).eval()
+    reloaded = GPT2LMHeadModel.from_pretrained(exported, attn_implementation="eager").eval()
+    idx = tokens(64)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(idx).logits, ours(idx)[..., :VOCAB], rtol=1e-5, atol=1e-5)
+
+    started = tmp_path / "started"
+    proc = train(
+        started, f"model.init_from=hf:{exported}", "train.max_steps=1", "train.lr=1e-9", "train.warmup_steps=0"
+    )
+    assert_ok(proc)
+    assert f"model weights from hf:{exported}" in proc.stdout
+    trained_loss, started_loss = read_result(trained)["val/loss"], read_result(started)["val/loss"]
+    assert trained_loss < 9.0  # it learned: a fresh model scores ln(50257) = 10.8
+    assert abs(started_loss - trained_loss) <= math.log1p(47 / VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.init_from=gpt2"], r"model.init_from='gpt2': expected hf:<directory or Hub name>"),
+        (["model.init_from=hf:gpt2", "extend_from=run/latest.pt"], "model.init_from and extend_from both give"),
+    ],
+)
+def test_init_from_is_checked_at_start_up(overrides: list[str], message: str) -> None:
+    register_configs()
+    with initialize_config_module(config_module="flashgpt.configs", version_base="1.3"):
+        cfg = typed_config(compose("config", overrides=overrides))
+    with pytest.raises(ValueError, match=message):
+        validate(cfg)

@@ -14,6 +14,8 @@ from flashgpt.data.config import DataConfig
 from flashgpt.data.tokenizer import TOKENIZER_NAME, VOCAB_SIZE
 from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, check_attention_config
 from flashgpt.model.gpt import ModelConfig
+from flashgpt.model.hf import hf_source
+from flashgpt.training.profiling import PROFILED_UNTIL
 from flashgpt.training.resolvers import register_resolvers
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ class WandbConfig:
     tags: list[str] = field(default_factory=list)  # wandb.tags=[flash,h100]
     job_type: str = "train"
     notes: str | None = None
+    log_checkpoints: bool = False  # log every checkpoint as a "model" artifact (a full copy per save: opt in)
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Config:
     extend_from: str | None = None
     overwrite: bool = False  # start afresh in a run dir that holds a run, deleting its metrics and checkpoints
     compile: bool = False  # torch.compile the model
+    profile: bool = False  # a torch.profiler trace of a few steady-state steps in <run dir>/profile/
 
 
 def register_configs() -> None:
@@ -191,6 +195,16 @@ def validate(cfg: Config) -> None:
             f"{cfg.train.max_steps}): the learning rate only climbs to "
             f"{cfg.train.max_steps / cfg.train.warmup_steps:.0%} of train.lr={cfg.train.lr} and never decays; "
             "lower train.warmup_steps"
+        )
+    if cfg.model.init_from is not None:
+        hf_source(cfg.model.init_from)  # hf:<directory or Hub name>, else a ValueError naming model.init_from
+        if cfg.extend_from is not None:
+            raise ValueError("model.init_from and extend_from both give the starting weights: set one of them")
+    last_step = cfg.train.stop_at_step or cfg.train.max_steps
+    if cfg.profile and last_step < PROFILED_UNTIL:
+        raise ValueError(
+            f"profile=true traces steps up to {PROFILED_UNTIL} (after warm-up, training/profiling.py), but the run "
+            f"ends at step {last_step}: raise train.max_steps (and train.stop_at_step)"
         )
 
 

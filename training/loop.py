@@ -19,6 +19,7 @@ from flashgpt.data import load_splits
 from flashgpt.data.batches import get_batch
 from flashgpt.data.sampler import WindowSampler
 from flashgpt.model.attention import check_head_dim, describe_masks, prepare_backend
+from flashgpt.model.hf import load_into
 from flashgpt.training.checkpoint import (
     LATEST,
     capture_rng_state,
@@ -41,6 +42,7 @@ from flashgpt.training.extension import extend_from_checkpoint
 from flashgpt.training.failures import NonFiniteLossError, oom_request_gib
 from flashgpt.training.metrics import MetricsLogger
 from flashgpt.training.mfu import device_name, mfu, peak_flops_per_sec
+from flashgpt.training.profiling import StepProfiler
 from flashgpt.training.step import StepNumbers, TrainStep, build_model_and_optimizer, compile_model
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,9 @@ class Trainer:
         if cfg.extend_from is not None and self.step == 0:  # fresh: a resumed run continues its own checkpoint
             trained = (self.raw_model, self.optimizer, self.scheduler)
             self.step = extend_from_checkpoint(Path(cfg.extend_from), *trained, resolved_cfg, self.tokens_per_step)
+        if cfg.model.init_from is not None and self.step == 0:  # fresh: a resumed run continues its own checkpoint
+            load_into(self.raw_model, cfg.model.init_from)
+            log.info(f"model weights from {cfg.model.init_from}")
 
         model = compile_model(self.raw_model) if cfg.compile else self.raw_model
         if ctx.is_distributed:
@@ -163,11 +168,12 @@ class Trainer:
             total=last_step, initial=self.step, disable=not self.ctx.is_main, desc="train", dynamic_ncols=True
         )
         try:
-            with logging_redirect_tqdm():
+            with logging_redirect_tqdm(), StepProfiler(cfg.profile, self.run_dir, self.ctx.rank) as profiler:
                 self.clock = time.perf_counter()
                 while self.step < last_step:
                     self.step += 1
                     self._queue_step()
+                    profiler.step()
                     evaluate = _due(self.step, cfg.eval.every, last_step)
                     checkpoint = cfg.checkpoint.every and _due(self.step, cfg.checkpoint.every, last_step)
                     # The host reads the previous step's numbers while the device runs this one. An evaluation, a
@@ -263,6 +269,7 @@ class Trainer:
                 "wandb_run_id": self.metrics.wandb_id,
             }
             save_checkpoint(state, path)
+            self.metrics.checkpoint_saved(path, self.step)
         self.last_checkpoint = path
 
     def _finish(self, status: str, **details: Any) -> str:

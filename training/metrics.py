@@ -62,10 +62,21 @@ class MetricsLogger:
         self.run.define_metric(TOKENS)
         for namespace in ("train", "val", "perf", "mem"):
             self.run.define_metric(f"{namespace}/*", step_metric=TOKENS)
+        self.log_checkpoints = wandb_cfg.log_checkpoints
 
     @property
     def wandb_id(self) -> str:
         return self.run.id
+
+    def checkpoint_saved(self, path: Path, step: int) -> None:
+        """With wandb.log_checkpoints=true, log the checkpoint as a "model" artifact of this run, aliased latest and
+        step-<step>. wandb copies the file first (offline: into its staging dir, $WANDB_DATA_DIR, until `wandb sync`),
+        so the next save cannot change what it uploads."""
+        if not self.log_checkpoints:
+            return
+        artifact = wandb.Artifact(f"checkpoint-{self.run.id}", type="model", metadata={"step": step})
+        artifact.add_file(str(path))
+        self.run.log_artifact(artifact, aliases=["latest", f"step-{step}"])
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         with self.path.open("a") as f:

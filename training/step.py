@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
+from torch.profiler import record_function
 
 from flashgpt.data.documents import document_ids
 from flashgpt.model.attention import AttentionMask
@@ -122,9 +123,11 @@ class TrainStep:
             last_micro_step = micro_step == self.grad_accum - 1
             no_sync = self.model.no_sync() if self.ctx.is_distributed and not last_micro_step else nullcontext()
             with no_sync:
-                with autocast(self.ctx.device):
+                # Named ranges in a profile=true trace (training/profiling.py); AdamW's step names its own.
+                with autocast(self.ctx.device), record_function("forward"):
                     loss = self.model(x, y, document_ids=ids)  # scalar fp32, computed inside the (compiled) model
-                (loss / self.grad_accum).backward()
+                with record_function("backward"):
+                    (loss / self.grad_accum).backward()
             loss_sum += loss.detach()
         # Returns the norm before clipping as a device tensor; nothing here reads it.
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
