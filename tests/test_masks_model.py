@@ -308,6 +308,21 @@ def sparse(**fields: object) -> list[str]:
 
 
 @pytest.mark.parametrize(
+    "masks",
+    [
+        [],
+        ["attention.window_size=4096"],
+        ["attention.block_sparse.pattern=butterfly", "attention.block_sparse.density=0.1"],
+        ["data.document_mask=true"],
+    ],
+)
+def test_the_64k_preset_composes_with_each_mask(hydra_configs, masks):
+    cfg = typed_config(compose("config", overrides=["experiment=long_context_masks", *masks]))
+    validate(cfg)
+    assert (cfg.model.name, cfg.seq_len, cfg.train.batch_size, cfg.attention.name) == ("gpt2", 65536, 1, "flash")
+
+
+@pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (["attention.window_size=0"], r"attention.window_size=0 must be >= 1 \(null: no window\)"),
