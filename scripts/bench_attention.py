@@ -1,13 +1,19 @@
 """Benchmark our fused Triton `flash` kernel against PyTorch's attention backends, after checking it.
 
 Method (shared/anchors/h100-attention.md, so numbers compare with the anchors): torch.randn q, k, v of shape
-(B, H, T, D), causal, B = 16384 // T, H = 12 for D = 64 and 16 for D = 128; triton.testing.do_bench(warmup=25,
-rep=100) median; bwd = (fwd+bwd) - fwd; FLOPs fwd = 4·B·H·T²·D·0.5, bwd = 2.5·fwd; memory = peak allocated
-during one fwd+bwd above what q, k, v hold.
+(B, H, T, D), causal, B = 16384 // T, H = 12 for D = 64, 16 for D = 128 and 2048 // D for other head dims;
+triton.testing.do_bench(warmup=25, rep=100) median; bwd = (fwd+bwd) - fwd; FLOPs fwd = 4·B·H·T²·D·0.5,
+bwd = 2.5·fwd (with the caller's D: padding a head dim is the kernel's cost); memory = peak allocated during one
+fwd+bwd above what q, k, v hold.
+
+Host time per call: at a shape whose GPU work is a few microseconds (B=1, H=2, T=128, D=64), the wall time of
+many back-to-back calls is what the CPU spends issuing one call (argument checks, autograd, launches): the
+cost that bounds short sequences. Measured for flash eager and under torch.compile, and for the SDPA backends.
 
     python scripts/bench_attention.py                      # GPU: correctness check, then the full sweep
     python scripts/bench_attention.py --quick              # GPU: a fast subset
     python scripts/bench_attention.py --check-only         # correctness only; on CPU a tiny fp32 smoke test
+    python scripts/bench_attention.py --check-only --head-dims 40,80,96,160,256   # + checks at those head dims
     python scripts/bench_attention.py --out $OUT           # write $OUT/<device-slug>-<date>.json
 
 Without CUDA the kernel runs in Triton's interpreter at tiny fp32 shapes (a smoke path, numbers meaningless).
@@ -41,6 +47,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 ROOT = Path(__file__).resolve().parents[1]
 ANCHORS = ROOT / "results" / "anchors" / "h100-attention.json"
 HEADS = {64: 12, 128: 16}  # GPT-2 shape at D = 64; the anchors' choice at D = 128
+MODEL_WIDTH = 2048  # H·D at any other head dim, as at D = 128 (and in FlashAttention's own benchmark)
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 1e-3}  # GPU fp32 dots are tf32
 # The dropout checks use 32/256: a rate the kernel's 8-bit decisions represent exactly, so the reference's 1/(1 - p)
@@ -74,6 +81,7 @@ class Profile:
     check_cases: tuple[CheckCase, ...]
     dropout_cases: tuple[CheckCase, ...]
     dropout_seeds: int
+    max_heads: int | None = None  # caps heads_for(D) in the timed rows
 
 
 @dataclass
@@ -137,6 +145,10 @@ PROVIDERS: dict[str, AttentionFn] = {
 }
 
 
+def heads_for(head_dim: int) -> int:
+    return HEADS.get(head_dim, max(1, MODEL_WIDTH // head_dim))
+
+
 # --- timing -----------------------------------------------------------------------------------------------
 
 
@@ -197,6 +209,62 @@ def _measure(row: Row, fn: AttentionFn, profile: Profile, timer: Timer) -> None:
     }
 
 
+HOST_SHAPE = (1, 2, 128, 64)  # B, H, T, D
+HOST_PROVIDERS = ("flash", "sdpa_cudnn", "sdpa_flash", "sdpa_mem_eff")
+
+
+def _host_us_per_call(step: Callable[[], object], calls: int, device: str) -> float:
+    for _ in range(3 if device == "cuda" else 1):  # compilation, caches
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    elapsed = time.perf_counter() - start  # before the sync: the GPU only ever trails by a few microseconds
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def host_overhead(providers: Sequence[str], profile: Profile, calls: int) -> list[dict]:
+    """Microseconds of host time per fwd (no grad) and per fwd+bwd call, each provider at HOST_SHAPE; flash also
+    compiled (fullgraph), the way train.py's compile=true calls it."""
+    variants: dict[str, AttentionFn] = {name: PROVIDERS[name] for name in providers if name in HOST_PROVIDERS}
+    if "flash" in variants and profile.device == "cuda":
+        torch._dynamo.reset()
+        variants["flash (torch.compile)"] = torch.compile(flash, fullgraph=True)
+    q, k, v = (torch.randn(HOST_SHAPE, device=profile.device, dtype=profile.dtype, requires_grad=True) for _ in "qkv")
+    grad_out = torch.randn_like(q)
+    results = []
+    for name, fn in variants.items():
+        result: dict = {"provider": name, "shape": list(HOST_SHAPE)}
+        try:
+
+            def forward(fn=fn) -> None:
+                with torch.no_grad():
+                    fn(q, k, v, 0.0)
+
+            def forward_backward(fn=fn) -> None:
+                torch.autograd.grad(fn(q, k, v, 0.0), (q, k, v), grad_out)  # no accumulation into .grad
+
+            result["fwd_us"] = _host_us_per_call(forward, calls, profile.device)
+            result["fwd_bwd_us"] = _host_us_per_call(forward_backward, calls, profile.device)
+        except RuntimeError as err:
+            result["status"] = "skipped" if _is_unsupported(err) else "error"
+            result["reason"] = str(err)[:300]
+        results.append(result)
+        print(f"host time {name:>22}: " + _host_cell(result), flush=True)
+    torch._dynamo.reset()
+    return results
+
+
+def _host_cell(result: dict) -> str:
+    if "fwd_bwd_us" not in result:
+        return result["status"]
+    return f"fwd {result['fwd_us']:.0f} us, fwd+bwd {result['fwd_bwd_us']:.0f} us"
+
+
 def _is_unsupported(err: RuntimeError) -> bool:
     return bool(re.search(r"No available kernel|No viable backend", str(err)))
 
@@ -229,7 +297,9 @@ def bench_rows(args: argparse.Namespace, profile: Profile, timer: Timer) -> Iter
             for seq_len in args.seq_lens:
                 for provider in args.provider:
                     batch = max(1, profile.tokens_per_call // seq_len)
-                    yield bench_row(Row(provider, seq_len, head_dim, HEADS[head_dim], batch, p), profile, timer)
+                    heads = min(heads_for(head_dim), profile.max_heads or heads_for(head_dim))
+                    row = Row(provider, seq_len, head_dim, heads, batch, p)
+                    yield bench_row(row, profile, timer)
 
 
 def _progress(row: Row) -> str:
@@ -494,7 +564,16 @@ def anchors_for(device: str, dtype: str, tokens_per_call: int) -> dict | None:
 # --- entry point ------------------------------------------------------------------------------------------
 
 
-def gpu_profile(quick: bool) -> Profile:
+def _extra_head_dim_cases(head_dims: Sequence[int], seq_len: int, heads: int) -> tuple[list, list]:
+    """Check cases for head dims other than 64 and 128 (the padded ones, 256, ...): causal with a ragged T and
+    packed qkv, full attention, and dropout."""
+    extra = [d for d in head_dims if d not in HEADS]
+    cases = [c for d in extra for c in (CheckCase(2, heads, seq_len - 24, d, causal=True, packed=True),
+                                       CheckCase(2, heads, seq_len, d, causal=False))]  # fmt: skip
+    return cases, [CheckCase(1, 2, min(seq_len, 256), d, causal=True) for d in extra]
+
+
+def gpu_profile(quick: bool, head_dims: Sequence[int]) -> Profile:
     cases = [
         CheckCase(4, 12, 1024, 64, causal=True),
         CheckCase(4, 12, 1024, 64, causal=False),
@@ -511,19 +590,21 @@ def gpu_profile(quick: bool) -> Profile:
         CheckCase(1, 2, 1024, 128, causal=False),
         CheckCase(1, 2, 1000, 64, causal=True),
     ]
+    extra_cases, extra_dropout = _extra_head_dim_cases(head_dims, 1024, 8)
     return Profile(
         device="cuda",
         dtype=torch.bfloat16,
         tokens_per_call=16384,
         seq_lens=(1024, 4096) if quick else SEQ_LENS,
-        check_cases=tuple(cases[:5] if quick else cases),
-        dropout_cases=tuple(dropout[:1] if quick else dropout),
+        check_cases=tuple((cases[:5] if quick else cases) + extra_cases),
+        dropout_cases=tuple((dropout[:1] if quick else dropout) + extra_dropout),
         dropout_seeds=64,
     )
 
 
-def cpu_profile() -> Profile:
+def cpu_profile(head_dims: Sequence[int] = ()) -> Profile:
     """Triton's interpreter is slow (seconds per call at T = 256): tiny shapes, fp32."""
+    extra_cases, extra_dropout = _extra_head_dim_cases(head_dims, 64, 2)
     return Profile(
         device="cpu",
         dtype=torch.float32,
@@ -533,9 +614,11 @@ def cpu_profile() -> Profile:
             CheckCase(2, 2, 128, 64, causal=True),
             CheckCase(2, 2, 128, 64, causal=False),
             CheckCase(1, 2, 100, 64, causal=True, packed=True),
+            *extra_cases,
         ),
-        dropout_cases=(CheckCase(2, 2, 64, 64, causal=True),),
+        dropout_cases=(CheckCase(2, 2, 64, 64, causal=True), *extra_dropout),
         dropout_seeds=32,
+        max_heads=2,
     )
 
 
@@ -543,19 +626,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--provider", type=csv_list(str), default=list(PROVIDERS), help="comma-separated")
     parser.add_argument("--seq-lens", type=csv_list(int), help="default 1024..16384 (--quick: 1K, 4K; CPU: 64, 128)")
-    parser.add_argument("--head-dims", type=csv_list(int), help="default 64,128 (--quick: 64)")
+    parser.add_argument(
+        "--head-dims", type=csv_list(int), help="multiples of 8 from 16 to 256; default 64,128 (--quick: 64)"
+    )
     parser.add_argument("--dropout", type=csv_list(float), help="default 0,0.1 (--quick: 0)")
     parser.add_argument("--quick", action="store_true", help="a fast subset of configs and checks")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--check-only", action="store_true")
+    parser.add_argument(
+        "--host-calls", type=int, default=200, help="calls per host-time measurement (0: skip it; CPU: 1)"
+    )
     parser.add_argument("--out", type=Path, help="JSON path or folder (default results/bench_attention)")
     args = parser.parse_args(argv)
     args.head_dims = args.head_dims or ([64] if args.quick else list(HEADS))
     args.dropout = args.dropout or ([0.0] if args.quick else [0.0, 0.1])
     if unknown := set(args.provider) - set(PROVIDERS):
         parser.error(f"unknown providers {sorted(unknown)}; choose from {list(PROVIDERS)}")
-    if unknown := set(args.head_dims) - set(HEADS):
-        parser.error(f"unsupported head dims {sorted(unknown)}; choose from {list(HEADS)}")
+    if unsupported := sorted(d for d in args.head_dims if d % 8 or not 16 <= d <= 256):
+        parser.error(f"unsupported head dims {unsupported}; the kernel takes multiples of 8 from 16 to 256")
     return args
 
 
@@ -582,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     if not cuda:  # triton reads it once, at its own import: before anything imports triton or kernels
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    profile = gpu_profile(args.quick) if cuda else cpu_profile()
+    profile = gpu_profile(args.quick, args.head_dims) if cuda else cpu_profile(args.head_dims)
     args.seq_lens = args.seq_lens or list(profile.seq_lens)
     name, date = device_name(), datetime.date.today().isoformat()
     import triton
@@ -599,9 +687,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tokens_per_call": profile.tokens_per_call,
         "complete": False,  # rewritten after the check and every row: a killed job keeps what it measured
         "check": run_checks(profile) if args.check or args.check_only else None,
+        "host_overhead": None,
         "rows": [],
     }
     _write_json(out, report)
+    if not args.check_only and args.host_calls > 0:
+        calls = args.host_calls if cuda else 1  # the interpreter: a smoke test only
+        report["host_overhead"] = host_overhead(args.provider, profile, calls)
+        _write_json(out, report)
     if not args.check_only:
         for row in bench_rows(args, profile, cuda_timer if cuda else cpu_timer):
             print(_progress(row), flush=True)
