@@ -115,7 +115,15 @@ def trainpy_step(cfg, args: argparse.Namespace, device: torch.device) -> tuple[S
     info = {"fullgraph": attention_traces_in_one_graph(model) if compiled else None}
     forward = compile_model(model, backend=args.compile_backend) if compiled else model
     ctx = DistContext(rank=0, local_rank=0, world_size=1, device=device)
-    train_step = TrainStep(forward, optimizer, scheduler, grad_accum=1, grad_clip=cfg.train.grad_clip, ctx=ctx)
+    train_step = TrainStep(
+        forward,
+        optimizer,
+        scheduler,
+        grad_accum=1,
+        grad_clip=cfg.train.grad_clip,
+        ctx=ctx,
+        document_mask=cfg.data.document_mask,
+    )
     previous: list[StepNumbers] = []
 
     def step(next_batch: Callable[[], tuple[Tensor, Tensor]]) -> Tensor:
@@ -222,7 +230,7 @@ def markdown_tables(rows: Sequence[dict]) -> str:
         out += [f"**dropout {dropout}**", "", "| step | " + " | ".join(f"T={t}" for t in seq_lens) + " |"]
         out.append("|---" * (len(seq_lens) + 1) + "|")
         for provider in providers:
-            name = "nanoGPT-style reference (cuDNN)" if provider == "reference" else f"train.py attention={provider}"
+            name = "nanoGPT-style reference" if provider == "reference" else f"train.py attention={provider}"
             out.append(f"| {name} | " + " | ".join(_cell(at.get((provider, t))) for t in seq_lens) + " |")
         for num, den in (("flash", "sdpa"), ("flash", "reference")):
             ratios = [_ratio(at.get((num, t)), at.get((den, t))) for t in seq_lens]
