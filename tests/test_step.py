@@ -1,6 +1,6 @@
 """The training step: the chunked linear + cross-entropy against the plain one in float64, the loss inside the
-model, gradient accumulation, and the on-device guard that never applies a non-finite update (in a TrainStep and
-in a whole Trainer run that keeps its last good checkpoint)."""
+model, gradient accumulation, the on-device guard that never applies a non-finite update (in a TrainStep and in a
+whole Trainer run that keeps its last good checkpoint), and scripts/bench_train.py's CPU smoke run."""
 
 import json
 import math
