@@ -10,10 +10,10 @@
 runs/<study>/<run>, then scores each recipe's final model with `eval` into runs/<study>/evals/. It stops before
 --budget-min minutes are up (a training job past the budget is stopped and continues from its last checkpoint next
 time; an evaluation is not started unless it fits) and says "study complete" when nothing is left. Everything it
-does is decided by the files in runs/<study>, so running the same command again continues; `--recipes` and
-`--seeds` restrict it to some recipes (their shared runs are trained once for all). A job that fails (a crash,
-out of memory, a NaN) is recorded in its run dir's study.json and its dependents are skipped; delete the run dir
-to try again.
+does is decided by the files in runs/<study>, so running the same command again continues. `--recipes` and
+`--seeds` restrict it to some models: their shared runs are trained once for all, and every branch point of the
+whole study is kept, so that the other recipes can follow later. A job that fails (a crash, out of memory, a NaN)
+is recorded in its run dir's study.json and its dependents are skipped; delete the run dir to try again.
 
 The GPU machine has no network: `pack-data` compresses the study's token shards (about 6x for code) into
 .cache/ship/, which `run` and `eval` unpack when the shards are missing.
@@ -33,7 +33,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,7 @@ RAW_FILES = {  # in a run dir -> in the exported raw/ folder: small files only
     "result.json": "result.json",
     STUDY_STATE: STUDY_STATE,
 }
+Selection = set[tuple[str, int]]  # (recipe, seed) of the models to train
 FIRST_EVAL_ESTIMATE_S = 120.0  # an evaluation starts only if this (later: the longest one so far) is left
 STOP_GRACE_S = 20.0  # a job stopped for the budget gets this long to exit after SIGTERM
 
@@ -104,6 +105,11 @@ def eval_path(runs_dir: Path, node: Node) -> Path:
 # --- jobs ----------------------------------------------------------------------------------------------------
 
 
+def shown(path: Path) -> str:
+    """A path as commands show it: relative to the repository root (where they run) when inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def train_command(spec: Spec, runs_dir: Path, node: Node, stop_step: int) -> list[str]:
     command = [
         "python",
@@ -117,22 +123,13 @@ def train_command(spec: Spec, runs_dir: Path, node: Node, stop_step: int) -> lis
         "resume=auto",
     ]
     if node.parent is not None:
-        command.append(f"extend_from={branch_path(runs_dir, node.parent, node.branch_step).relative_to(ROOT)}")
-    return [*command, *spec.overrides, f"hydra.run.dir={(runs_dir / node.name).relative_to(ROOT)}"]
+        command.append(f"extend_from={shown(branch_path(runs_dir, node.parent, node.branch_step))}")
+    return [*command, *spec.overrides, f"hydra.run.dir={shown(runs_dir / node.name)}"]
 
 
 def eval_command(spec: Spec, runs_dir: Path, node: Node) -> list[str]:
-    out = eval_path(runs_dir, node).relative_to(ROOT)
-    return [
-        "python",
-        "scripts/study.py",
-        "eval",
-        str((runs_dir / node.name).relative_to(ROOT)),
-        "--study",
-        spec.name,
-        "--out",
-        str(out),
-    ]
+    run_dir, out = shown(runs_dir / node.name), shown(eval_path(runs_dir, node))
+    return ["python", "scripts/study.py", "eval", run_dir, "--study", spec.name, "--out", out]
 
 
 def run_job(command: list[str], log_dir: Path, deadline: float) -> tuple[int, bool, float]:
@@ -190,15 +187,28 @@ def _log_tail(run_dir: Path) -> str:
     return (errors or lines or [""])[-1][:500]
 
 
-def next_job(plan: Plan, runs_dir: Path) -> tuple[str, Node, int] | None:
-    """("eval", run, step) for a finished recipe model not evaluated yet, else ("train", run, stop step) for the
-    next job whose inputs exist, else None. Copies a run's checkpoint at a branch step when it stands there."""
-    for node in dict.fromkeys(plan.finals.values()):
+def wanted(plan: Plan, selection: Selection) -> tuple[list[Node], list[Node]]:
+    """The final runs of the selected models, and every run they need (theirs and their ancestors), in plan order."""
+    finals = list(dict.fromkeys(node for key, node in plan.finals.items() if key in selection))
+    needed = set()
+    for node in finals:
+        while node is not None:
+            needed.add(node.name)
+            node = node.parent
+    return finals, [node for node in plan.nodes.values() if node.name in needed]
+
+
+def next_job(plan: Plan, runs_dir: Path, selection: Selection) -> tuple[str, Node, int] | None:
+    """("eval", run, step) for a finished selected model not evaluated yet, else ("train", run, stop step) for the
+    next job whose inputs exist, else None. Copies a run's checkpoint at a branch step when it stands there: every
+    branch step of the whole study, selected or not, so that a recipe run later finds its branch point."""
+    finals, needed = wanted(plan, selection)
+    for node in finals:
         trained = node.max_steps and reached_step(runs_dir, node) >= node.max_steps
         eval_failed = read_json(runs_dir / node.name / STUDY_STATE).get("eval_failed")
         if trained and not eval_failed and not eval_path(runs_dir, node).is_file():
             return "eval", node, node.max_steps
-    for node in plan.nodes.values():
+    for node in needed:
         if node.max_steps is None or failure(runs_dir, node):
             continue
         if node.parent is not None and not branch_path(runs_dir, node.parent, node.branch_step).is_file():
@@ -217,27 +227,26 @@ def next_job(plan: Plan, runs_dir: Path) -> tuple[str, Node, int] | None:
     return None
 
 
-def restrict(spec: Spec, recipes: list[str] | None, seeds: list[int] | None) -> Spec:
-    """The spec with only these recipes (and the recipes their equal-time runs refer to) and seeds."""
-    if recipes:
-        if unknown := [r for r in recipes if r not in spec.recipes]:
-            raise ValueError(f"--recipes {unknown}: not recipes of {spec.name} ({', '.join(spec.recipes)})")
-        needed = set(recipes) | {spec.recipes[r].equal_time_to for r in recipes} - {None}
-        spec = replace(spec, recipes={k: v for k, v in spec.recipes.items() if k in needed})
-    if seeds:
-        if unknown := [s for s in seeds if s not in spec.seeds]:
-            raise ValueError(f"--seeds {unknown}: not seeds of {spec.name} {list(spec.seeds)}")
-        spec = replace(spec, seeds=tuple(seeds))
-    return spec
+def select(spec: Spec, recipes: list[str] | None, seeds: list[int] | None) -> Selection:
+    """The (recipe, seed) models to train and evaluate: these recipes (default all) with the recipes their
+    equal-time runs are measured against, for these seeds (default all)."""
+    recipes, seeds = recipes or list(spec.recipes), seeds or list(spec.seeds)
+    if unknown := [r for r in recipes if r not in spec.recipes]:
+        raise ValueError(f"--recipes {unknown}: not recipes of {spec.name} ({', '.join(spec.recipes)})")
+    if unknown := [s for s in seeds if s not in spec.seeds]:
+        raise ValueError(f"--seeds {unknown}: not seeds of {spec.name} {list(spec.seeds)}")
+    recipes = set(recipes) | {spec.recipes[r].equal_time_to for r in recipes} - {None}
+    return {(recipe, seed) for recipe in recipes for seed in seeds}
 
 
-def run_study(spec: Spec, runs_dir: Path, budget_s: float | None) -> int:
-    """Run jobs until none is left (returns 0) or the budget would be passed (returns 2)."""
+def run_study(spec: Spec, runs_dir: Path, budget_s: float | None, selection: Selection) -> int:
+    """Run the selected models' jobs until none is left (returns 0; 1 if some failed) or the budget would be
+    passed (returns 2)."""
     clock = time.monotonic()
     deadline = clock + budget_s if budget_s else float("inf")
     ensure_data(spec)
     longest_eval = max((read_json(p).get("wall_s", 0.0) for p in runs_dir.glob("evals/**/*.json")), default=0.0)
-    while job := next_job(current_plan(spec, runs_dir), runs_dir):
+    while job := next_job(current_plan(spec, runs_dir), runs_dir, selection):
         kind, node, step = job
         run_dir = runs_dir / node.name
         left = deadline - time.monotonic()
@@ -249,7 +258,7 @@ def run_study(spec: Spec, runs_dir: Path, budget_s: float | None) -> int:
             returncode, stopped, wall_s = run_job(command, run_dir, deadline)
             longest_eval = max(longest_eval, wall_s)
             if returncode == 0:
-                print(f"{node.name}: evaluated in {wall_s:.0f} s -> {eval_path(runs_dir, node).relative_to(ROOT)}")
+                print(f"{node.name}: evaluated in {wall_s:.0f} s -> {shown(eval_path(runs_dir, node))}")
             elif not stopped:
                 mark_failed(run_dir, f"exit {returncode}: {_log_tail(run_dir)}", key="eval_failed")
                 print(f"{node.name}: evaluation FAILED ({returncode}), see {run_dir / STUDY_LOG}")
@@ -275,14 +284,13 @@ def run_study(spec: Spec, runs_dir: Path, budget_s: float | None) -> int:
         if stopped:
             print("budget: stopped a job; run the same command again")
             return 2
-    plan = current_plan(spec, runs_dir)
-    failed = [node.name for node in plan.nodes.values() if failure(runs_dir, node)]
-    finals = dict.fromkeys(plan.finals.values())
+    finals, needed = wanted(current_plan(spec, runs_dir), selection)
+    failed = [node.name for node in needed if failure(runs_dir, node)]
     failed += [node.name for node in finals if read_json(runs_dir / node.name / STUDY_STATE).get("eval_failed")]
     if failed:
         print(f"study finished with failures in {', '.join(failed)} (see their study.json); delete a run dir to retry")
         return 1
-    print(f"study complete: {spec.name} in {runs_dir.relative_to(ROOT)}")
+    print(f"study complete: {spec.name} in {shown(runs_dir)}")
     return 0
 
 
@@ -333,7 +341,7 @@ def evaluate(run_dir: Path, spec: Spec, attention: str | None, device_name: str)
     trials = passkey_trials(docs, list(settings.passkey_distances), settings.passkey_trials, settings.passkey_seed)
     passkey = passkey_scores(model, trials, config.seq_len, device, settings.batch_tokens)
     return {
-        "run": str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir),
+        "run": shown(run_dir),
         "step": state["step"],
         "seq_len": config.seq_len,
         "model": config.model.name,
@@ -367,7 +375,7 @@ def ensure_data(spec: Spec) -> None:
         directory.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(pack) as archive:
             archive.extractall(directory.parent, filter="data")
-        print(f"unpacked {pack.relative_to(ROOT)} into {directory.relative_to(ROOT)}")
+        print(f"unpacked {shown(pack)} into {shown(directory)}")
 
 
 def pack_data(spec: Spec) -> Path:
@@ -470,6 +478,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     export = commands.add_parser("export", help="the raw results as a .tar.gz")
     export.add_argument("study")
     export.add_argument("dest", type=Path)
+    for command in (run, status, export):
+        command.add_argument("--runs-dir", type=Path, help="where the study's run dirs are (default runs/<study>)")
     import_cmd = commands.add_parser("import", help="unpack exported raw results into results/<study>/raw")
     import_cmd.add_argument("tarball", type=Path)
     import_cmd.add_argument("--results", type=Path, help="default results/<study in the tarball>")
@@ -488,12 +498,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     spec = load_spec(args.study)
-    runs_dir = ROOT / "runs" / spec.name
+    runs_dir = (getattr(args, "runs_dir", None) or ROOT / "runs" / spec.name).resolve()
     if args.command == "run":
-        spec = restrict(spec, args.recipes, args.seeds)
-        code = run_study(spec, runs_dir, 60 * args.budget_min if args.budget_min else None)
+        selection = select(spec, args.recipes, args.seeds)
+        code = run_study(spec, runs_dir, 60 * args.budget_min if args.budget_min else None, selection)
         if args.export:
-            n_runs = export_results(load_spec(args.study), runs_dir, args.export)
+            n_runs = export_results(spec, runs_dir, args.export)
             print(f"exported {n_runs} runs and their evaluations to {args.export}")
         return code
     if args.command == "status":
@@ -508,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.run_dir}: loss {full['loss']:.4f} at context {result['full_context']} -> {out}")
     elif args.command == "pack-data":
         pack = pack_data(spec)
-        print(f"{pack.relative_to(ROOT)}: {pack.stat().st_size / 2**20:.1f} MiB; carry .cache/ship to the GPU machine")
+        print(f"{shown(pack)}: {pack.stat().st_size / 2**20:.1f} MiB; carry .cache/ship to the GPU machine")
     elif args.command == "export":
         print(f"exported {export_results(spec, runs_dir, args.dest)} runs to {args.dest}")
     return 0

@@ -2,8 +2,15 @@
 (training/extension.py), and scripts/study.py + scripts/study_report.py end to end on tiny settings."""
 
 import dataclasses
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 import pytest
 import torch
@@ -13,7 +20,7 @@ from torch import nn
 from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig
-from flashgpt.training.checkpoint import save_checkpoint
+from flashgpt.training.checkpoint import load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig
 from flashgpt.training.context_eval import (
     LongDocuments,
@@ -43,9 +50,9 @@ def shakespeare_val() -> LongDocuments:
     return long_documents(splits.val, splits.val_docs, ids, length=600)
 
 
-def tiny_gpt(block_size: int, seed: int = 0) -> GPT:
+def tiny_gpt(block_size: int, seed: int = 0, vocab_size: int = 50304) -> GPT:
     torch.manual_seed(seed)
-    return GPT(ModelConfig(name="tiny", n_layer=2, n_head=2, d_model=32), block_size, "sdpa")
+    return GPT(ModelConfig(name="tiny", n_layer=2, n_head=2, d_model=32, vocab_size=vocab_size), block_size, "sdpa")
 
 
 # --- loss by position and sliding windows ---
@@ -66,9 +73,9 @@ def test_sliding_windows_score_each_target_once_with_as_much_history_as_the_cont
 
 
 def test_token_losses_equal_a_float64_reference_that_runs_each_target_on_its_own_history():
-    model = tiny_gpt(block_size=64).double()
+    model = tiny_gpt(block_size=64, vocab_size=256).double()  # a small vocabulary keeps the float64 runs quick
     rng = np.random.default_rng(1)
-    docs = LongDocuments(["a", "b"], rng.integers(0, VOCAB, size=(2, 49)))
+    docs = LongDocuments(["a", "b"], rng.integers(0, 256, size=(2, 49)))
     context, stride = 16, 5
     got = token_losses(model, docs, context, stride, CPU, batch_tokens=40)  # several windows a batch
     expected = np.empty_like(got)
@@ -234,3 +241,129 @@ def test_extension_refuses_a_checkpoint_of_another_schedule_model_or_a_longer_co
     with pytest.raises(FileNotFoundError, match="extend_from="):
         extend_from_checkpoint(tmp_path / "missing.pt", *_fresh(32, train), state["config"], tokens_per_step=32)
     assert torch.equal(tile_rows(torch.arange(3.0)[:, None], 7)[:, 0], torch.tensor([0.0, 1, 2, 0, 1, 2, 0]))
+
+
+# --- the study: plan, runner, report ---
+
+sys.path.insert(0, str(REPO / "scripts"))
+import study  # noqa: E402
+import study_plan  # noqa: E402
+
+
+def test_recipes_share_their_common_first_stages_and_branch_where_a_longer_context_starts():
+    spec = study_plan.load_spec("context")
+    plan = study_plan.build_plan(spec)
+    root = plan.nodes["seed0/1024"]
+    # The 1K baseline trains once, stopping where the extensions (75%) and short-to-long (60%) branch off.
+    assert root.parent is None and root.segments() == [1200, 1500, 2000]
+    assert plan.finals[("fixed-1k", 0)] is root
+    extension = plan.finals[("ext-16k", 0)]
+    assert (extension.name, extension.parent, extension.branch_step) == ("seed0/1024x1500_16384", root, 1500)
+    chain = study_plan.recipe_chain(plan, "short-to-long", 1)
+    assert [(n.seq_len, first, last) for n, first, last in chain] == [
+        (1024, 1, 1200), (2048, 1201, 1400), (4096, 1401, 1600), (8192, 1601, 1800), (16384, 1801, 2000)
+    ]  # fmt: skip
+    assert plan.finals[("fixed-16k", 0)].parent is None
+    # An equal-time run gets its step count once its reference has trained.
+    assert plan.finals[("fixed-1k-time", 0)].max_steps is None
+    measured = study_plan.build_plan(spec, {("fixed-1k-time", 0): 2300})
+    assert measured.finals[("fixed-1k-time", 0)].segments() == [2300]
+    assert len(plan.nodes) == 2 * 9
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"recipes": {"a": {"stages": [[1024, 0.5], [512, 1.0]]}}, "baseline": "a"}, "longer seq_len"),
+        ({"recipes": {"a": {"stages": [[1024, 0.5]]}}, "baseline": "a"}, "must end at 1.0"),
+        ({"recipes": {"a": {"stages": [[1024, 1.0]], "equal_time_to": "b"}}, "baseline": "a"}, "equal_time_to"),
+        ({"recipes": {"a": {"stages": "1024"}}, "baseline": "a"}, "pairs"),
+        ({"baseline": "nope"}, "baseline 'nope' is not a recipe"),
+        ({"max_step": 3}, "unknown keys"),
+    ],
+)
+def test_a_bad_study_spec_is_refused_naming_the_file_and_the_problem(change, message):
+    raw = {"preset": "context_study", "max_steps": 100, "baseline": "a", "recipes": {"a": {"stages": [[64, 1.0]]}}}
+    with pytest.raises(ValueError, match=message) as error:
+        study_plan.parse_spec("bad", {**raw, **change}, where="configs/study/bad.yaml")
+    assert "configs/study/bad.yaml" in str(error.value)
+
+
+def test_a_job_past_the_budget_is_stopped(tmp_path):
+    command = ["python", "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    returncode, stopped, wall_s = study.run_job(command, tmp_path, deadline=time.monotonic() + 2)
+    assert stopped and returncode != 0 and wall_s < 30
+    assert "started" in (tmp_path / study.STUDY_LOG).read_text()
+
+
+def test_pack_data_ships_the_shards_and_run_unpacks_them_where_missing(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    spec = dataclasses.replace(
+        study_plan.load_spec("context_smoke"), overrides=("data=shakespeare", f"data.cache_dir={cache}")
+    )
+    source = Path(load_splits(DataConfig(cache_dir=CACHE)).meta["shard_dir"])
+    shutil.copytree(source, cache / source.name)
+    monkeypatch.setattr(study, "SHIP_DIR", tmp_path / "ship")
+    pack = study.pack_data(spec)
+    assert pack == tmp_path / "ship" / f"{source.name}.tar.xz" and pack.stat().st_size < 0.5 * 2**20 * 6
+    shutil.rmtree(cache / source.name)
+    study.ensure_data(spec)
+    for file in source.iterdir():
+        assert (cache / source.name / file.name).read_bytes() == file.read_bytes()
+
+
+def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
+    runs, results = tmp_path / "runs", tmp_path / "results" / "context_smoke"
+    cli = [sys.executable, "scripts/study.py"]
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*cli, *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        return proc
+
+    first = call("run", "context_smoke", "--runs-dir", str(runs), "--recipes", "fixed-64")
+    assert "study complete" in first.stdout and not (runs / "seed0" / "64x6_256").exists()
+    second = call("run", "context_smoke", "--runs-dir", str(runs), "--export", str(tmp_path / "raw.tar.gz"))
+    assert "seed0/64:" not in second.stdout  # done in the first piece: continued, not redone
+    assert "study complete" in second.stdout
+
+    # The extension continued the baseline's checkpoint at step 6, at a longer context, to the last step.
+    spec = study_plan.load_spec("context_smoke")
+    plan = study_plan.current_plan(spec, runs)
+    extension = runs / "seed0" / "64x6_256"
+    steps = [json.loads(line)["step"] for line in (extension / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0] == 7 and steps[-1] == 8
+    assert (runs / "seed0" / "64" / "checkpoints" / "branch-6.pt").is_file()
+    # The equal-time baseline got the extension's training time in steps of the 1K... here 64-token run.
+    expected = round(
+        study_plan.train_seconds(plan, runs, "ext-256", 0)
+        / statistics.median(study_plan.step_times(runs, plan.nodes["seed0/64"], 1, 8))
+    )
+    assert plan.finals[("fixed-64-time", 0)].max_steps == max(1, expected)
+
+    # The evaluation file is what context_eval computes from the run's checkpoint.
+    evaluation = json.loads((runs / "evals" / "seed0" / "64x6_256.json").read_text())
+    model = GPT(ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128), 256, "sdpa")
+    model.load_state_dict(load_checkpoint(extension / "checkpoints" / "latest.pt")["model"])
+    splits = load_splits(DataConfig(cache_dir=CACHE))
+    val_ids = read_doc_ids(Path(splits.meta["shard_dir"]))["val"]
+    docs = long_documents(splits.val, splits.val_docs, val_ids, length=256, max_docs=3)
+    assert docs.doc_ids == evaluation["doc_ids"]
+    losses = token_losses(model, docs, context=256, stride=64, device=CPU, batch_tokens=2048)
+    assert evaluation["contexts"]["256"]["loss"] == pytest.approx(losses.mean(), rel=1e-6)
+    assert set(evaluation["contexts"]) == {"64", "128", "256"} and set(evaluation["passkey"]) == {"16", "100"}
+    assert evaluation["passkey"]["100"]["needle_in_context"] == 1.0
+
+    # The report is built from the exported raw files alone: the runs are gone by then.
+    shutil.rmtree(runs)
+    study.import_results(tmp_path / "raw.tar.gz", results)
+    report = subprocess.run([sys.executable, "scripts/study_report.py", str(results)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert report.returncode == 0, report.stderr[-4000:]
+    text = (results / "report.md").read_text()
+    for recipe in ("fixed-64", "ext-256", "fixed-64-time"):
+        assert f"| {recipe} |" in text
+    assert "| fixed-64 | 0 | 64 | 0.00 | 0.00 (cut off) |" in text  # the 100-token passkey is beyond 64 tokens
+    assert "extend_from=" in text and "train.stop_at_step=6" in text  # the commands that made each run
+    for plot in ("loss_by_position.png", "context.png", "passkey.png"):
+        assert matplotlib.image.imread(results / plot).shape[0] > 100
