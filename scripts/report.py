@@ -6,6 +6,7 @@ benchmark JSON). The report is always built from raw/, so the committed folder r
         --bench results/bench_attention/<device>-<date>.json
     python scripts/report.py --from-raw results/long_context                  # rebuild report.md and plots
     python scripts/report.py --from-raw results/long_context --readme-table   # print the headline tables
+    python scripts/report.py --from-raw results/long_context --wandb offline  # + plots, tables, folder to W&B
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ RAW_FILES = {
     "metrics.jsonl": "metrics.jsonl",
     "result.json": "result.json",
     "sweep.json": "sweep.json",  # written by scripts/sweep.py: exact command, start time, exit code
+    "resolved_config.yaml": "resolved_config.yaml",  # the config with every ${...} resolved (e.g. batch sizes)
 }
 
 
@@ -515,6 +517,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--ppl", type=Path, help="a sweep dir of perplexity runs")
     parser.add_argument("--bench", type=Path, help="a scripts/bench_attention.py JSON")
     parser.add_argument("--readme-table", action="store_true", help="print the headline tables instead")
+    parser.add_argument("--wandb", choices=["offline", "online"], help="also log plots, tables and the folder to W&B")
+    parser.add_argument("--wandb-project", default="flashgpt")
+    parser.add_argument("--wandb-group", help="e.g. the group its training runs logged to (wandb.group)")
     return parser.parse_args(argv)
 
 
@@ -534,6 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     build_report(out)
     print(f"wrote {out / 'report.md'}")
+    if args.wandb:
+        from wandb_report import log_report  # wandb is imported only when asked for
+
+        groups = {group: load_group(out / "raw" / group) for group in GROUPS if (out / "raw" / group).exists()}
+        print(f"wandb run: {log_report(out, groups, args.wandb, args.wandb_project, args.wandb_group)}")
     return 0
 
 

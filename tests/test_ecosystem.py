@@ -212,6 +212,22 @@ def test_a_native_multirun_sweeps_seq_len_with_the_batch_following(tmp_path: Pat
         assert resolved["train"]["batch_size"] == resolved["eval"]["batch_size"] == batch
         assert "${batch_for:" in (run_dir / ".hydra" / "config.yaml").read_text()  # as written, for the record
 
+    # The sweep's report, logged to W&B as well: plots, the runs as a table, the report folder as an artifact.
+    report = [sys.executable, str(REPO / "scripts" / "report.py"), "--out", str(tmp_path / "report")]
+    report += ["--speed", str(sweep_dir), "--wandb", "offline", "--wandb-group", "long_context_speed"]
+    env = {**os.environ, "WANDB_DATA_DIR": str(tmp_path / "wandb-data")}
+    proc = subprocess.run(report, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [path] = offline_runs(tmp_path)
+    log = list(records(path))
+    [run] = [r.run for r in log if r.HasField("run")]
+    assert (run.job_type, run.run_group, run.display_name) == ("report", "long_context_speed", "report")
+    logged = {tuple(item.nested_key): item.value_json for r in log if r.HasField("history") for item in r.history.item}
+    assert logged[("plots/throughput", "_type")] == logged[("plots/memory", "_type")] == '"image-file"'
+    assert logged[("tables/speed", "_type")] == '"table-file"' and logged[("tables/speed", "nrows")] == "2"
+    [report_folder] = [r.artifact for r in log if r.HasField("artifact") and r.artifact.type == "report"]
+    assert "report.md" in {entry.path for entry in report_folder.manifest.contents}
+
 
 def test_main_returns_the_final_validation_loss(tmp_path: Path) -> None:
     """The value a sweeper plugin (Optuna) minimises: main's return, equal to result.json's val/loss."""
