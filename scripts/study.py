@@ -53,6 +53,8 @@ from study_plan import (
     read_json,
 )
 
+sys.path.insert(0, str(ROOT))  # the checkout's flashgpt, also where it is not installed (a GPU machine)
+
 from flashgpt.data import DataConfig, load_splits
 from flashgpt.data.shards import prepare_shards, read_doc_ids, shard_dir
 from flashgpt.model.attention import prepare_backend
@@ -287,6 +289,7 @@ def run_study(spec: Spec, runs_dir: Path, budget_s: float | None, selection: Sel
     finals, needed = wanted(current_plan(spec, runs_dir), selection)
     failed = [node.name for node in needed if failure(runs_dir, node)]
     failed += [node.name for node in finals if read_json(runs_dir / node.name / STUDY_STATE).get("eval_failed")]
+    failed += [f"{node.name} (its reference recipe did not train)" for node in finals if node.max_steps is None]
     if failed:
         print(f"study finished with failures in {', '.join(failed)} (see their study.json); delete a run dir to retry")
         return 1
