@@ -179,9 +179,11 @@ class GPT(nn.Module):
         block_mask = None
         if self.block_layout is not None:
             block_mask = block_mask_for(self.block_layout, seq_len_q, seq_len_k, att.block_size)
+        # A window of seq_len_k or more hides no causal key: dropping it keeps sdpa on its is_causal fast path.
+        window = att.window_size if att.window_size is not None and att.window_size < seq_len_k else None
         return AttentionMask(
             causal=True,
-            window_size=att.window_size,
+            window_size=window,
             document_ids=document_ids,
             block_mask=block_mask,
             block_size=att.block_size,
