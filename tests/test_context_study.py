@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashgpt.data import DataConfig, get_tokenizer, load_splits
+from flashgpt.data.python_stdlib import package_of
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.training.checkpoint import load_checkpoint, save_checkpoint
@@ -53,6 +54,27 @@ def shakespeare_val() -> LongDocuments:
 def tiny_gpt(block_size: int, seed: int = 0, vocab_size: int = 50304) -> GPT:
     torch.manual_seed(seed)
     return GPT(ModelConfig(name="tiny", n_layer=2, n_head=2, d_model=32, vocab_size=vocab_size), block_size, "sdpa")
+
+
+# --- long documents: CPython's library and tests, with prose ---
+
+
+def test_python_stdlib_is_split_by_package_and_long_mix_adds_it_to_long_prose():
+    code = load_splits(DataConfig(name="python_stdlib", cache_dir=CACHE))
+    ids = read_doc_ids(Path(code.meta["shard_dir"]))
+    works = {split: {package_of(doc.removeprefix("python/")) for doc in ids[split]} for split in ("train", "val")}
+    assert not works["train"] & works["val"]  # no package on both sides
+    assert "python/asyncio/base_events.py" in ids["train"] + ids["val"]
+    lengths = np.diff(np.append(code.val_docs, len(code.val)))
+    assert (lengths >= 16385).sum() >= 20  # long held-out source files for the context evaluations
+    provenance = code.meta["provenance"]
+    assert provenance["python_stdlib_skipped_not_utf8"] > 0 and len(provenance["python_stdlib"]) == 3
+    prose = read_doc_ids(Path(load_splits(DataConfig(name="long_prose", cache_dir=CACHE)).meta["shard_dir"]))
+    mix = read_doc_ids(Path(load_splits(DataConfig(name="long_mix", cache_dir=CACHE)).meta["shard_dir"]))
+    for split in ("train", "val"):  # the split is by work, so each part keeps its own split inside the mix
+        assert mix[split] == prose[split] + ids[split]
+    assert package_of("test/test_asyncio/test_tasks.py") == "test/test_asyncio"
+    assert package_of("test/test_os.py") == "test/test_os" and package_of("os.py") == "os"
 
 
 # --- loss by position and sliding windows ---
