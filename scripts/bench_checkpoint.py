@@ -1,4 +1,4 @@
-"""Time saving and loading a full training checkpoint of GPT-2 124M (model + AdamW state), on the CPU.
+"""Time saving, loading and verifying a full training checkpoint of GPT-2 124M (model + AdamW state), on the CPU.
 
 The state is what the trainer saves: randomly initialised weights, AdamW's two moments after one update, the
 schedule, the sampler position and every RNG state. Each timing is the median of --repeats saves (or loads) into
@@ -23,7 +23,7 @@ from cli import command_line  # scripts/ is on sys.path when run as a script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
 
 from flashgpt.model.gpt import GPT, ModelConfig
-from flashgpt.training.checkpoint import LATEST, capture_rng_state, load_checkpoint, save_checkpoint
+from flashgpt.training.checkpoint import LATEST, capture_rng_state, load_checkpoint, save_checkpoint, verify_checkpoint
 from flashgpt.training.config import TrainConfig
 from flashgpt.training.schedule import build_scheduler
 
@@ -70,22 +70,25 @@ def main(argv: list[str]) -> None:
         save_s = [timed(lambda: save_checkpoint(state, path)) for _ in range(args.repeats)]
         size = path.stat().st_size
         load_s = [timed(lambda: load_checkpoint(path)) for _ in range(args.repeats)]
+        verify_s = [timed(lambda: verify_checkpoint(path)) for _ in range(args.repeats)]
     result = {
-        "what": "save_checkpoint / load_checkpoint of GPT-2 124M + AdamW state (CPU tensors, fsync included)",
+        "what": "save_checkpoint / load_checkpoint / verify_checkpoint of GPT-2 124M + AdamW state (CPU, fsync included)",
         "label": args.label,
         "command": command_line("bench_checkpoint.py", argv),
         "bytes": size,
         "save_s_median": statistics.median(save_s),
         "load_s_median": statistics.median(load_s),
+        "verify_s_median": statistics.median(verify_s),  # the CRC-32 check, part of every load
         "save_s": save_s,
         "load_s": load_s,
+        "verify_s": verify_s,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpu_threads": torch.get_num_threads(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("label", "bytes", "save_s_median", "load_s_median")}))
+    print(json.dumps({k: result[k] for k in ("label", "bytes", "save_s_median", "load_s_median", "verify_s_median")}))
 
 
 if __name__ == "__main__":
