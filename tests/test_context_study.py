@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashgpt.data import DataConfig, get_tokenizer, load_splits
-from flashgpt.data.python_stdlib import package_of
+from flashgpt.data.python_code import stdlib_package_of, sympy_package_of
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.training.checkpoint import load_checkpoint, save_checkpoint
@@ -59,22 +59,35 @@ def tiny_gpt(block_size: int, seed: int = 0, vocab_size: int = 50304) -> GPT:
 # --- long documents: CPython's library and tests, with prose ---
 
 
-def test_python_stdlib_is_split_by_package_and_long_mix_adds_it_to_long_prose():
-    code = load_splits(DataConfig(name="python_stdlib", cache_dir=CACHE))
-    ids = read_doc_ids(Path(code.meta["shard_dir"]))
-    works = {split: {package_of(doc.removeprefix("python/")) for doc in ids[split]} for split in ("train", "val")}
-    assert not works["train"] & works["val"]  # no package on both sides
-    assert "python/asyncio/base_events.py" in ids["train"] + ids["val"]
-    lengths = np.diff(np.append(code.val_docs, len(code.val)))
-    assert (lengths >= 16385).sum() >= 20  # long held-out source files for the context evaluations
-    provenance = code.meta["provenance"]
-    assert provenance["python_stdlib_skipped_not_utf8"] > 0 and len(provenance["python_stdlib"]) == 3
-    prose = read_doc_ids(Path(load_splits(DataConfig(name="long_prose", cache_dir=CACHE)).meta["shard_dir"]))
-    mix = read_doc_ids(Path(load_splits(DataConfig(name="long_mix", cache_dir=CACHE)).meta["shard_dir"]))
+def _work_split(name: str, work_of) -> tuple[dict[str, list[str]], np.ndarray]:
+    """The doc ids of each split of a code corpus, checking that no work (package) is on both sides; and the
+    lengths of its held-out documents."""
+    splits = load_splits(DataConfig(name=name, cache_dir=CACHE))
+    ids = read_doc_ids(Path(splits.meta["shard_dir"]))
+    works = {split: {work_of(doc) for doc in ids[split]} for split in ("train", "val")}
+    assert works["train"] and works["val"] and not works["train"] & works["val"]
+    return ids, np.diff(np.append(splits.val_docs, len(splits.val)))
+
+
+def test_python_code_is_split_by_package_and_long_mix_adds_it_to_long_prose():
+    stdlib, stdlib_val = _work_split("python_stdlib", lambda doc: stdlib_package_of(doc.removeprefix("python/")))
+    sympy, sympy_val = _work_split("sympy", sympy_package_of)
+    assert "python/asyncio/base_events.py" in stdlib["train"] + stdlib["val"]
+    assert "sympy/polys/polytools.py" in sympy["train"] + sympy["val"]
+    # Long held-out source files for the context evaluations.
+    assert (stdlib_val >= 16385).sum() >= 20 and (sympy_val >= 16385).sum() >= 10
+    prose_splits = load_splits(DataConfig(name="long_prose", cache_dir=CACHE))
+    prose = read_doc_ids(Path(prose_splits.meta["shard_dir"]))
+    mix_splits = load_splits(DataConfig(name="long_mix", cache_dir=CACHE))
+    mix = read_doc_ids(Path(mix_splits.meta["shard_dir"]))
     for split in ("train", "val"):  # the split is by work, so each part keeps its own split inside the mix
-        assert mix[split] == prose[split] + ids[split]
-    assert package_of("test/test_asyncio/test_tasks.py") == "test/test_asyncio"
-    assert package_of("test/test_os.py") == "test/test_os" and package_of("os.py") == "os"
+        assert mix[split] == prose[split] + stdlib[split] + sympy[split]
+    provenance = mix_splits.meta["provenance"]
+    assert provenance["python_stdlib_skipped_not_utf8"] == 4 and len(provenance["python_stdlib"]) == 3
+    assert "sympy-1.13.3.tar.gz" in provenance["sympy"] and "kjv" in provenance
+    assert stdlib_package_of("test/test_asyncio/test_tasks.py") == "test/test_asyncio"
+    assert stdlib_package_of("test/test_os.py") == "test/test_os" and stdlib_package_of("os.py") == "os"
+    assert sympy_package_of("sympy/polys/tests/test_x.py") == sympy_package_of("sympy/polys/x.py") == "sympy/polys"
 
 
 # --- loss by position and sliding windows ---

@@ -1,17 +1,19 @@
-"""CPython's standard library and test suite as documents, one `.py` file a document: long source files, where a
-long context helps most (a name is often defined thousands of tokens before it is used).
+"""Python source trees as documents, one `.py` file a document: long files, where a long context helps most (a
+name is often defined thousands of tokens before it is used). Files are only read as text; nothing from them runs.
 
-Source: Debian's packages of CPython 3.11 (`libpython3.11-minimal`, `libpython3.11-stdlib`,
-`libpython3.11-testsuite`; Python Software Foundation License), fetched with `apt-get download` into the download
-cache. Version 3.11.2-6+deb12u8 holds 1,515 files under `usr/lib/python3.11/`; 4 are deliberately not UTF-8, 25
-empty and 16 repeats (all skipped): 1,472 documents, 14.1M GPT-2 tokens, 245 of 16K tokens or more, 8.3M of the
-tokens in `test/`. Debian replaces
-point releases on its mirrors, so instead of pinning one the files are checked by their structure, and meta.json
-records each package's version and sha256. The files are only read as text; nothing from the packages runs.
+- `python_stdlib`: CPython's standard library and test suite, from Debian's packages of CPython 3.11
+  (`libpython3.11-minimal`, `libpython3.11-stdlib`, `libpython3.11-testsuite`; Python Software Foundation License),
+  fetched with `apt-get download`. Version 3.11.2-6+deb12u8 holds 1,515 files under `usr/lib/python3.11/`; 4 are
+  deliberately not UTF-8, 25 empty and 16 repeats (all skipped): 1,472 documents, 14.1M GPT-2 tokens, 245 of 16K
+  tokens or more, 8.3M of the tokens in `test/`. Debian replaces point releases on its mirrors, so instead of
+  pinning one the files are checked by their structure, and meta.json records each package's version and sha256.
+- `sympy`: the `sympy/` package of the PyPI sdist `sympy==1.13.3` (BSD-3-Clause), pinned by sha256: 1,517 files,
+  80 of them empty: 1,437 documents, 12.5M GPT-2 tokens, 200 of 16K tokens or more.
 
-The unit of the train/val split (the document's `work`) is the package: every module of `asyncio/` is one work,
-every file of `test/test_asyncio/` another; a top-level module (`os.py`) or test file (`test/test_os.py`) is its
-own. The modules of one package, which share their names and idioms, never sit on both sides of the split.
+The unit of the train/val split (the document's `work`) is the package: the modules of `asyncio/` are one work,
+the files of `test/test_asyncio/` another, a top-level module (`os.py`) or test file (`test/test_os.py`) its own;
+in sympy, a package with its `tests/` and `benchmarks/` (`sympy/polys/` and `sympy/polys/tests/` are one work). The
+modules of one package, which share their names and idioms, never sit on both sides of the split.
 """
 
 import os
@@ -23,9 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from flashgpt.data.fetch import sha256_of
+from flashgpt.data.fetch import pypi_sdist, sha256_of
 
-PACKAGES = ("libpython3.11-minimal", "libpython3.11-stdlib", "libpython3.11-testsuite")
+STDLIB_PACKAGES = ("libpython3.11-minimal", "libpython3.11-stdlib", "libpython3.11-testsuite")
 LIBRARY_ROOT = PurePosixPath("usr/lib/python3.11")
 # Files any CPython 3.11 build of these packages holds, one from each; a changed layout fails here, not later.
 EXPECTED_FILES = ("os.py", "asyncio/base_events.py", "test/test_typing.py")
@@ -33,11 +35,11 @@ MIN_FILES = 1400
 
 
 def stdlib_debs(download_dir: Path) -> dict[str, Path]:
-    """The .deb file of each of PACKAGES (package name -> path), fetched with `apt-get download` if absent."""
-    missing = [package for package in PACKAGES if not _find_deb(download_dir, package)]
+    """The .deb file of each of STDLIB_PACKAGES (package name -> path), fetched with `apt-get download` if absent."""
+    missing = [package for package in STDLIB_PACKAGES if not _find_deb(download_dir, package)]
     if missing:
         how_to = (
-            f"On a Debian 12 machine run `apt-get download {' '.join(PACKAGES)}` and copy the .deb files "
+            f"On a Debian 12 machine run `apt-get download {' '.join(STDLIB_PACKAGES)}` and copy the .deb files "
             f"to {download_dir}."
         )
         if shutil.which("apt-get") is None:
@@ -50,7 +52,7 @@ def stdlib_debs(download_dir: Path) -> dict[str, Path]:
                 raise FileNotFoundError(f"`{' '.join(command)}` failed:\n{result.stderr[-2000:]}\n{how_to}")
             for deb in Path(tmp).glob("*.deb"):
                 os.replace(deb, download_dir / deb.name)
-    found = {package: _find_deb(download_dir, package) for package in PACKAGES}
+    found = {package: _find_deb(download_dir, package) for package in STDLIB_PACKAGES}
     if not all(found.values()):
         raise FileNotFoundError(f"apt-get download left no .deb for {[p for p, f in found.items() if not f]}")
     return found
@@ -99,7 +101,7 @@ def _python_files(deb: Path) -> Iterator[tuple[str, bytes]]:
         raise ValueError(f"dpkg-deb could not read {deb} (exit {proc.returncode}); delete it and run again")
 
 
-def package_of(path: str) -> str:
+def stdlib_package_of(path: str) -> str:
     """The split unit of a library file: its package, or for the test suite its test package or file."""
     parts = PurePosixPath(path).parts
     stem = PurePosixPath(path).stem
@@ -113,3 +115,34 @@ def stdlib_provenance(debs: dict[str, Path], n_not_utf8: int) -> dict[str, Any]:
         "python_stdlib": {deb.name: f"sha256 {sha256_of(deb)}" for deb in debs.values()},
         "python_stdlib_skipped_not_utf8": n_not_utf8,
     }
+
+
+# --- sympy: a PyPI sdist ---
+
+SYMPY_REQUIREMENT = "sympy==1.13.3"
+SYMPY_SDIST = "sympy-1.13.3.tar.gz"
+SYMPY_SDIST_SHA256 = "b27fd2c6530e0ab39e275fc9b683895367e51d5da91baa8d3d64db2565fec4d9"
+SYMPY_ROOT = PurePosixPath("sympy-1.13.3")
+SYMPY_FILES = 1517  # .py files under sympy-1.13.3/sympy/, all UTF-8
+
+
+def sympy_sources(download_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """Path under the sdist root (sympy/...) -> text of every `.py` file of the `sympy` package; and provenance."""
+    sdist = pypi_sdist(download_dir, SYMPY_REQUIREMENT, SYMPY_SDIST, SYMPY_SDIST_SHA256)
+    texts = {}
+    with tarfile.open(sdist) as archive:
+        for member in archive:
+            path = PurePosixPath(member.name)
+            if member.isfile() and path.suffix == ".py" and path.is_relative_to(SYMPY_ROOT / "sympy"):
+                texts[str(path.relative_to(SYMPY_ROOT))] = archive.extractfile(member).read().decode("utf-8")
+    if len(texts) != SYMPY_FILES:
+        raise ValueError(f"{sdist} holds {len(texts)} .py files under sympy/, expected {SYMPY_FILES}")
+    return dict(sorted(texts.items())), {"sympy": f"PyPI sdist {SYMPY_SDIST}, sha256 {SYMPY_SDIST_SHA256}"}
+
+
+def sympy_package_of(path: str) -> str:
+    """The split unit of a sympy file: the package it belongs to, its tests/ and benchmarks/ folded into it."""
+    folders = list(PurePosixPath(path).parent.parts)
+    while folders[-1] in ("tests", "benchmarks"):
+        folders.pop()
+    return "/".join(folders)
