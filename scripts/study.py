@@ -491,6 +491,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines show up as they happen in a captured log
     if args.command == "import":
         with tarfile.open(args.tarball) as archive:
             study = json.load(archive.extractfile("plan.json"))["study"]
