@@ -7,11 +7,14 @@ interpreter runs each tile as numpy operations.
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from flashgpt.kernels import flash_attention
-from flashgpt.kernels.dropout import effective_dropout_p, keep_scale
+from flashgpt.kernels.dropout import dropout_keep_mask, effective_dropout_p, keep_scale, keep_threshold
 
 FP32_TOL = 1e-5  # the interpreter's fp32 products are exact; what remains is summation order
 LOW_PRECISION_TOL = 2e-2  # bf16/fp16 inputs, outputs and probabilities rounded to 8/11 mantissa bits
@@ -140,6 +143,62 @@ def test_large_logits_stay_finite(seed):
 
 # ----------------------------------------------------------------------------------------------------------
 # Dropout
+
+
+@triton.jit
+def _keep_mask_kernel(out, seed, offset_lo, offset_hi, bh, n_rows, seq_len, threshold, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):  # fmt: skip
+    """Writes the keep-mask of rows [0, n_rows) and columns [0, seq_len), tile by tile."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_n = tl.program_id(1) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    keep = dropout_keep_mask(seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, threshold, BLOCK_M, BLOCK_N)
+    inside = (offs_m[:, None] < n_rows) & (offs_n[None, :] < seq_len)
+    tl.store(out + offs_m[:, None] * seq_len + offs_n[None, :], keep.to(tl.int8), mask=inside)
+
+
+def philox4x32(counter: list[np.ndarray], key: tuple[int, int], rounds: int = 7) -> list[np.ndarray]:
+    """Philox-4x32 as published (Salmon et al., SC 2011): the independent reference for the kernel's draws."""
+    c0, c1, c2, c3 = (c.astype(np.uint64) for c in counter)
+    k0, k1 = key
+    low = np.uint64(0xFFFFFFFF)
+    for _ in range(rounds):
+        p0, p2 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2  # 32 x 32 -> 64-bit products
+        c0, c1, c2, c3 = (
+            (p2 >> np.uint64(32)) ^ c1 ^ np.uint64(k0),
+            p2 & low,
+            (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1),
+            p0 & low,
+        )
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return [c0, c1, c2, c3]
+
+
+def reference_keep_mask(seed: int, offset: int, bh: int, n_rows: int, seq_len: int, threshold: int) -> torch.Tensor:
+    """The layout dropout.py documents: draw row·⌈T/16⌉ + col // 16 decides 16 columns, column 16·g + 4·w + b by
+    byte b of word w."""
+    rows, cols = np.meshgrid(np.arange(n_rows), np.arange(seq_len), indexing="ij")
+    counter = rows * ((seq_len + 15) // 16) + cols // 16
+    fill = np.ones_like(counter)
+    words = philox4x32([counter, fill * bh, fill * (offset & 0xFFFFFFFF), fill * (offset >> 32)],
+                       (seed & 0xFFFFFFFF, seed >> 32))  # fmt: skip
+    word = np.choose((cols % 16) // 4, words)
+    byte = (word >> (8 * (cols % 4)).astype(np.uint64)) & np.uint64(0xFF)
+    return torch.from_numpy(byte >= threshold)
+
+
+@pytest.mark.parametrize("tile", [(16, 16), (32, 64), (64, 32)], ids=str)
+def test_keep_mask_is_the_documented_philox_layout(tile, seed):
+    """Every tile shape the kernels launch with yields the same mask, and it is the documented one."""
+    rng = np.random.default_rng(seed)
+    draw_seed, offset, bh = (int(x) for x in rng.integers(0, 2**62, 3))
+    bh %= 1000
+    n_rows, seq_len, threshold = 40, 70, keep_threshold(0.3)
+    out = torch.empty(n_rows, seq_len, dtype=torch.int8)
+    grid = (triton.cdiv(n_rows, tile[0]), triton.cdiv(seq_len, tile[1]))
+    _keep_mask_kernel[grid](out, draw_seed, offset & 0xFFFFFFFF, offset >> 32, bh, n_rows, seq_len, threshold, *tile)
+    expected = reference_keep_mask(draw_seed, offset, bh, n_rows, seq_len, threshold)
+    assert torch.equal(out.bool(), expected), f"seed {seed}"
 
 
 def recover_keep_mask(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool, p: float, rng_seed: int):
