@@ -423,7 +423,7 @@ def _add_bytes(archive: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def plan_summary(plan: Plan, runs_dir: Path) -> dict[str, Any]:
-    """What the report needs to know about the runs: each run's place in the recipes and what its jobs ran."""
+    """What the report needs to know about the runs besides their files: each run's place in the recipes."""
     return {
         "study": plan.spec.name,
         "nodes": {
@@ -436,9 +436,6 @@ def plan_summary(plan: Plan, runs_dir: Path) -> dict[str, Any]:
                 "segments": node.segments(),
                 "reached_step": reached_step(runs_dir, node),
                 "failed": failure(runs_dir, node),
-                "commands": [train_command(plan.spec, runs_dir, node, s) for s in node.segments()]
-                if node.max_steps
-                else [],
             }
             for node in plan.nodes.values()
         },

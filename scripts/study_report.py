@@ -219,11 +219,13 @@ def cost_table(raw: Path, plan_json: dict) -> tuple[str, float, float]:
     train_wall = eval_wall = 0.0
     for name, node in plan_json["nodes"].items():
         run_dir = raw / "runs" / name
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if (
-            run_dir / "metrics.jsonl").is_file() else []  # fmt: skip
+        jobs = read_json(run_dir / "study.json").get("jobs", [])
+        if not jobs:
+            continue  # not started (a recipe not run yet)
+        metrics = run_dir / "metrics.jsonl"
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
         times = [r["perf/step_time_s"] for r in records if "perf/step_time_s" in r]
         result = read_json(run_dir / "result.json")
-        jobs = read_json(run_dir / "study.json").get("jobs", [])
         wall = sum(job["wall_s"] for job in jobs)
         evaluation = read_json(raw / "evals" / f"{name}.json").get("wall_s")
         train_wall, eval_wall = train_wall + wall, eval_wall + (evaluation or 0.0)
@@ -389,7 +391,7 @@ def build_report(results: Path) -> Path:
         f"{eval_wall / 60:.1f} min.",
         costs,
         "## Commands",
-        _commands(plan_json),
+        _commands(raw, plan_json),
     ]
     path = results / "report.md"
     path.write_text("\n\n".join(sections) + "\n")
@@ -412,10 +414,15 @@ def _setup(spec: Spec, models: list[Model], raw: Path) -> str:
     )
 
 
-def _commands(plan_json: dict) -> str:
+def _commands(raw: Path, plan_json: dict) -> str:
+    """Every training job that ran, as run (a job stopped for the budget and run again appears twice), and how
+    each model was evaluated."""
     lines = ["```"]
-    for node in plan_json["nodes"].values():
-        lines += [" ".join(command) for command in node["commands"]]
+    for name in plan_json["nodes"]:
+        jobs = read_json(raw / "runs" / name / "study.json").get("jobs", [])
+        lines += [" ".join(job["command"]) for job in jobs]
+    study = plan_json["study"]
+    lines.append(f"python scripts/study.py eval runs/{study}/<run> --study {study} --out runs/{study}/evals/<run>.json")
     return "\n".join([*lines, "```"])
 
 
