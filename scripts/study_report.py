@@ -259,6 +259,12 @@ def reading(spec: Spec, models: list[Model]) -> list[str]:
         pairs = [(m, baseline_of(spec, models, m.seed)) for m in group]
         pairs = [(m, b) for m, b in pairs if b is not None]
         if pairs:
+            ppl = statistics.fmean(math.exp(m.full["loss"]) for m, _ in pairs)
+            base_ppl = statistics.fmean(math.exp(b.full["loss"]) for _, b in pairs)
+            lines.append(
+                f"  held-out perplexity at its own context {ppl:.2f} vs {spec.baseline}'s {base_ppl:.2f} "
+                f"({100 * (ppl / base_ppl - 1):+.2f}%), same targets, seeds {[m.seed for m, _ in pairs]}."
+            )
             means = [paired(m, b)[0] for m, b in pairs]
             relative = [paired(m, b)[0] / beyond_first_bin(b.full)[0] for m, b in pairs]
             detail = "; ".join(f"seed {m.seed}: {paired(m, b)[0]:+.4f} ± {paired(m, b)[1]:.4f}" for m, b in pairs)
