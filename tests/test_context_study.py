@@ -33,7 +33,7 @@ from flashgpt.training.context_eval import (
     summarize_losses,
     token_losses,
 )
-from flashgpt.training.extension import ExtensionError, extend_from_checkpoint, tile_rows
+from flashgpt.training.extension import ExtensionError, extend_from_checkpoint
 from flashgpt.training.schedule import build_scheduler, lr_at
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,7 +275,6 @@ def test_extension_refuses_a_checkpoint_of_another_schedule_model_or_a_longer_co
         extend_from_checkpoint(tmp_path / "latest.pt", *_fresh(16, train), state["config"], tokens_per_step=32)
     with pytest.raises(FileNotFoundError, match="extend_from="):
         extend_from_checkpoint(tmp_path / "missing.pt", *_fresh(32, train), state["config"], tokens_per_step=32)
-    assert torch.equal(tile_rows(torch.arange(3.0)[:, None], 7)[:, 0], torch.tensor([0.0, 1, 2, 0, 1, 2, 0]))
 
 
 # --- the study: plan, runner, report ---

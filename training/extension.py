@@ -4,9 +4,10 @@
 training all along: the weights, both Adam moments, the learning-rate schedule and the step count continue, so one
 schedule spans every stage and train.max_steps is the whole budget (stop a stage early with train.stop_at_step).
 The data sampler starts afresh with windows of the new length, and the position table grows: row p of the new table
-is row p mod n_old of the trained one, for the weights and for both moments. This is the copy initialisation of
-Longformer (Beltagy et al., 2020): the first n_old positions stay exactly as trained, and every new position starts
-from a trained embedding instead of noise, so the extended model is the trained one on any window of n_old tokens.
+is row p mod n_old of the trained one, for the weights and for both moments (model/hf.py's resize_positions, the rule
+GPT-2 imports use too). This is the copy initialisation of Longformer (Beltagy et al., 2020): the first n_old
+positions stay exactly as trained, and every new position starts from a trained embedding instead of noise, so the
+extended model is the trained one on any window of n_old tokens.
 
 Extending is explicit: a resumed run (`resume`) refuses a changed seq_len, and a longer model never loads a shorter
 table by accident. The checkpoint must come from the same model, corpus and schedule, at the same tokens per step,
@@ -22,6 +23,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from flashgpt.model.gpt import GPT
+from flashgpt.model.hf import resize_positions
 from flashgpt.training.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)
@@ -45,14 +47,6 @@ class ExtensionError(ValueError):
     """A checkpoint that cannot be continued at this run's context."""
 
 
-def tile_rows(table: Tensor, n_rows: int) -> Tensor:
-    """(n_old, C) -> (n_rows, C) with row p = table[p mod n_old], for n_rows >= n_old."""
-    n_old = table.shape[0]
-    if n_rows < n_old:
-        raise ExtensionError(f"cannot tile a table of {n_old} rows down to {n_rows}")
-    return table.repeat(-(-n_rows // n_old), *([1] * (table.dim() - 1)))[:n_rows].clone()
-
-
 def extend_from_checkpoint(
     path: Path,
     model: GPT,
@@ -70,14 +64,14 @@ def extend_from_checkpoint(
     _check_compatible(saved, config, _tokens_per_step(saved, len(state["rank_states"])), tokens_per_step, path)
     n_positions = model.wpe.weight.shape[0]
     weights = dict(state["model"])
-    weights["wpe.weight"] = tile_rows(weights["wpe.weight"], n_positions)
+    weights["wpe.weight"] = resize_positions(weights["wpe.weight"], n_positions)
     model.load_state_dict(weights)
 
     optimizer_state = state["optimizer"]
     index = _parameter_index(optimizer, model.wpe.weight)
     moments = dict(optimizer_state["state"][index])
     for name in ("exp_avg", "exp_avg_sq"):
-        moments[name] = tile_rows(moments[name], n_positions)
+        moments[name] = resize_positions(moments[name], n_positions)
     optimizer.load_state_dict({**optimizer_state, "state": {**optimizer_state["state"], index: moments}})
     scheduler.load_state_dict(state["scheduler"])
     log.info(
