@@ -23,7 +23,16 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
-from .masks import intersect_ranges, key_range, load_ranges, query_range, split_tiles, visible
+from .masks import (
+    block_visible,
+    intersect_ranges,
+    key_range,
+    load_ranges,
+    lower_bound,
+    query_range,
+    split_tiles,
+    visible,
+)
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -62,6 +71,94 @@ def flash_bwd_preprocess_kernel(
 
 
 @triton.jit
+def _dkdv_tile(
+    dk,
+    dv,
+    k,
+    v,
+    k_doc,
+    qT_ptrs,
+    do_ptrs,
+    lse_row,
+    delta_row,
+    doc_row,
+    block_row,
+    stride_block_row,
+    offs_n,
+    start_m,
+    start_n,
+    seq_len_q,
+    seq_len_k,
+    window_size,
+    qk_scale,
+    bh,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Accumulate dK, dV of one key tile over the query tile at start_m, in the transposed (key-major) layout."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    if MASKED:
+        row_ok = offs_m < seq_len_q
+        qT = tl.load(qT_ptrs, mask=row_ok[None, :], other=0.0)
+        do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
+        lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * LOG2E
+        delta = tl.load(delta_row + offs_m, mask=row_ok, other=0.0)
+    else:
+        qT = tl.load(qT_ptrs)
+        do = tl.load(do_ptrs)
+        lse2 = tl.load(lse_row + offs_m) * LOG2E
+        delta = tl.load(delta_row + offs_m)
+    if UPCAST:
+        qT = qT.to(tl.float32)
+        do = do.to(tl.float32)
+
+    if DROPOUT:  # independent of the products below, so it can overlap with them
+        keepT = tl.trans(
+            dropout_keep_mask(
+                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
+            )
+        )
+    sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)
+    pT = tl.exp2(sT * qk_scale - lse2[None, :])
+    if MASKED:
+        q_pos = offs_m + (seq_len_k - seq_len_q)
+        q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[None, :] if DOCS else 0
+        seen = visible(
+            q_pos[None, :], offs_n[:, None], row_ok[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
+        )
+        if GATHER:  # the tile straddles blocks of the block mask
+            in_range = row_ok[None, :] & (offs_n < seq_len_k)[:, None]
+            seen = seen & block_visible(
+                block_row, offs_m[None, :], offs_n[:, None], in_range, stride_block_row, SPARSE_BLOCK
+            )
+        pT = tl.where(seen, pT, 0.0)
+    dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # (dO·Vᵀ)ᵀ, (BLOCK_N, BLOCK_M)
+    if DROPOUT:
+        pT_dropped = tl.where(keepT, pT * dropout_scale, 0.0)
+        dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
+    else:
+        pT_dropped = pT
+    dv += tl.dot(pT_dropped.to(do.dtype), do, input_precision=INPUT_PRECISION)
+    dsT = pT * (dpT - delta[None, :])
+    dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=INPUT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_tiles(
     dk,
     dv,
@@ -73,6 +170,9 @@ def _dkdv_tiles(
     lse_row,
     delta_row,
     doc_row,
+    block_row,
+    stride_block_row,
+    kept,
     stride_qt,
     stride_qd,
     stride_dot,
@@ -95,62 +195,43 @@ def _dkdv_tiles(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
+    INDEXED: tl.constexpr,
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Accumulate dK, dV of one key tile over query tiles [lo, hi), in the transposed (key-major) layout."""
-    offs_m = lo + tl.arange(0, BLOCK_M)
-    qT_ptrs = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
-    do_ptrs = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
-    for start_m in range(lo, hi, BLOCK_M):
-        start_m = tl.multiple_of(start_m, BLOCK_M)
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        if MASKED:
-            row_ok = offs_m < seq_len_q
-            qT = tl.load(qT_ptrs, mask=row_ok[None, :], other=0.0)
-            do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
-            lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * LOG2E
-            delta = tl.load(delta_row + offs_m, mask=row_ok, other=0.0)
-        else:
-            qT = tl.load(qT_ptrs)
-            do = tl.load(do_ptrs)
-            lse2 = tl.load(lse_row + offs_m) * LOG2E
-            delta = tl.load(delta_row + offs_m)
-        if UPCAST:
-            qT = qT.to(tl.float32)
-            do = do.to(tl.float32)
-
-        if DROPOUT:  # independent of the products below, so it can overlap with them
-            keepT = tl.trans(
-                dropout_keep_mask(
-                    seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
-                )
-            )
-        sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)
-        pT = tl.exp2(sT * qk_scale - lse2[None, :])
-        if MASKED:
-            q_pos = offs_m + (seq_len_k - seq_len_q)
-            q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[None, :] if DOCS else 0
-            seen = visible(
-                q_pos[None, :], offs_n[:, None], row_ok[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
-            )
-            pT = tl.where(seen, pT, 0.0)
-        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)  # (dO·Vᵀ)ᵀ, (BLOCK_N, BLOCK_M)
-        if DROPOUT:
-            pT_dropped = tl.where(keepT, pT * dropout_scale, 0.0)
-            dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
-        else:
-            pT_dropped = pT
-        dv += tl.dot(pT_dropped.to(do.dtype), do, input_precision=INPUT_PRECISION)
-        dsT = pT * (dpT - delta[None, :])
-        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=INPUT_PRECISION)
-
-        qT_ptrs += BLOCK_M * stride_qt
-        do_ptrs += BLOCK_M * stride_dot
+    """Query tiles starting at lo, lo + BLOCK_M, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1]."""
+    if INDEXED:
+        for i in range(lo, hi):
+            start_m = tl.multiple_of(tl.load(kept + i) * BLOCK_M, BLOCK_M)
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            qT_ptrs = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
+            do_ptrs = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
+            dk, dv = _dkdv_tile(
+                dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, lse_row, delta_row, doc_row, block_row, stride_block_row,
+                offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
+                offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
+                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+            )  # fmt: skip
+    else:
+        offs_m = lo + tl.arange(0, BLOCK_M)
+        qT_ptrs = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
+        do_ptrs = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
+        for start_m in range(lo, hi, BLOCK_M):
+            start_m = tl.multiple_of(start_m, BLOCK_M)
+            dk, dv = _dkdv_tile(
+                dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, lse_row, delta_row, doc_row, block_row, stride_block_row,
+                offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
+                offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
+                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+            )  # fmt: skip
+            qT_ptrs += BLOCK_M * stride_qt
+            do_ptrs += BLOCK_M * stride_dot
     return dk, dv
 
 
@@ -166,6 +247,10 @@ def _dkdv_query_range(
     lse_row,
     delta_row,
     doc_row,
+    block_row,
+    stride_block_row,
+    kept,
+    n_kept,
     stride_qt,
     stride_qd,
     stride_dot,
@@ -192,30 +277,43 @@ def _dkdv_query_range(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
+    SPARSE: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """Query tiles [lo, hi): a masked run (the causal diagonal band), the mask-free run inside [full_lo, full_hi),
-    and a masked run (the end of a window, or the ragged last tile)."""
+    and a masked run (the end of a window, or the ragged last tile). Under a block mask, only the listed tiles."""
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_M)
+    if SPARSE:
+        if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
+            fast_lo = start
+            fast_hi = start
+        run_0 = lower_bound(kept, n_kept, start // BLOCK_M)
+        run_1 = lower_bound(kept, n_kept, fast_lo // BLOCK_M)
+        run_2 = lower_bound(kept, n_kept, fast_hi // BLOCK_M)
+        run_3 = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_M))
+    else:
+        run_0, run_1, run_2, run_3 = start, fast_lo, fast_hi, end
     dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
-        stride_dod, offs_n, offs_d, start_n, start, fast_lo, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
-        offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS,
-        DROPOUT, UPCAST, INPUT_PRECISION,
+        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_0, run_1, seq_len_q, seq_len_k,
+        window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
+        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
-        stride_dod, offs_n, offs_d, start_n, fast_lo, fast_hi, seq_len_q, seq_len_k, window_size, qk_scale, bh,
-        seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, DOCS,
-        DROPOUT, UPCAST, INPUT_PRECISION,
+        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_1, run_2, seq_len_q, seq_len_k,
+        window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
+        False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
-        stride_dod, offs_n, offs_d, start_n, fast_hi, end, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
-        offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS,
-        DROPOUT, UPCAST, INPUT_PRECISION,
+        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_2, run_3, seq_len_q, seq_len_k,
+        window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
+        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
     return dk, dv
 
@@ -274,6 +372,9 @@ def flash_bwd_dkdv_kernel(
     KeptIndex,
     stride_index_h,
     stride_index_r,
+    BlockMask,
+    stride_block_h,
+    stride_block_row,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -281,6 +382,7 @@ def flash_bwd_dkdv_kernel(
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
     SPARSE: tl.constexpr,
+    GATHER: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -325,27 +427,20 @@ def flash_bwd_dkdv_kernel(
         doc_row = DocIds
         k_doc = 0
     if SPARSE:
-        # Only the query blocks that keep this key block: the transposed block mask, compacted on the host.
-        block_col = start_n // SPARSE_BLOCK
-        n_kept = tl.load(KeptCount + h * stride_count_h + block_col)  # head strides are 0 for a shared mask
-        kept = KeptIndex + h * stride_index_h + block_col * stride_index_r
-        for i in range(n_kept):
-            block_lo = tl.load(kept + i) * SPARSE_BLOCK
-            block_hi = block_lo + SPARSE_BLOCK
-            dk, dv = _dkdv_query_range(
-                dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
-                stride_dod, offs_n, offs_d, start_n, tl.maximum(lo, block_lo), tl.minimum(hi, block_hi),
-                tl.maximum(full_lo, block_lo), tl.minimum(full_hi, block_hi), seq_len_q, seq_len_k, window_size,
-                qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL,
-                WINDOW, DOCS, DROPOUT, UPCAST, INPUT_PRECISION,
-            )  # fmt: skip
+        # The query tiles that touch a kept block of this key tile (the transposed mask, compacted on the host).
+        n_kept = tl.load(KeptCount + h * stride_count_h + pid_n)  # head strides are 0 for a shared mask
+        kept = KeptIndex + h * stride_index_h + pid_n * stride_index_r
+        block_row = BlockMask + h * stride_block_h
     else:
-        dk, dv = _dkdv_query_range(
-            dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, stride_qt, stride_qd, stride_dot,
-            stride_dod, offs_n, offs_d, start_n, lo, hi, full_lo, full_hi, seq_len_q, seq_len_k, window_size,
-            qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL,
-            WINDOW, DOCS, DROPOUT, UPCAST, INPUT_PRECISION,
-        )  # fmt: skip
+        n_kept = 0
+        kept = KeptIndex
+        block_row = BlockMask
+    dk, dv = _dkdv_query_range(
+        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept, n_kept,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, lo, hi, full_lo, full_hi, seq_len_q,
+        seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
+        BLOCK_N, CAUSAL, WINDOW, DOCS, SPARSE, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
 
     dk_head = head_start(DK, b, h, stride_dkb, stride_dkh)
     dv_head = head_start(DV, b, h, stride_dvb, stride_dvh)
@@ -363,7 +458,7 @@ def flash_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_tiles(
+def _dq_tile(
     dq,
     q,
     do,
@@ -371,17 +466,14 @@ def _dq_tiles(
     delta,
     q_pos,
     q_doc,
-    k_head,
-    v_head,
+    kT_ptrs,
+    vT_ptrs,
     doc_row,
-    stride_kt,
-    stride_kd,
-    stride_vt,
-    stride_vd,
+    block_row,
+    stride_block_row,
     offs_m,
-    offs_d,
-    lo,
-    hi,
+    start_n,
+    seq_len_q,
     seq_len_k,
     window_size,
     qk_scale,
@@ -397,48 +489,123 @@ def _dq_tiles(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Accumulate dQ of one query tile over key tiles [lo, hi)."""
-    offs_n = lo + tl.arange(0, BLOCK_N)
-    kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
-    vT_ptrs = v_head + offs_n[None, :] * stride_vt + offs_d[:, None] * stride_vd  # (D, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        if MASKED:
-            col_ok = offs_n < seq_len_k
-            kT = tl.load(kT_ptrs, mask=col_ok[None, :], other=0.0)
-            vT = tl.load(vT_ptrs, mask=col_ok[None, :], other=0.0)
-        else:
-            kT = tl.load(kT_ptrs)
-            vT = tl.load(vT_ptrs)
-        if UPCAST:
-            kT = kT.to(tl.float32)
-            vT = vT.to(tl.float32)
+    """Accumulate dQ of one query tile over the key tile at start_n."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        col_ok = offs_n < seq_len_k
+        kT = tl.load(kT_ptrs, mask=col_ok[None, :], other=0.0)
+        vT = tl.load(vT_ptrs, mask=col_ok[None, :], other=0.0)
+    else:
+        kT = tl.load(kT_ptrs)
+        vT = tl.load(vT_ptrs)
+    if UPCAST:
+        kT = kT.to(tl.float32)
+        vT = vT.to(tl.float32)
 
-        if DROPOUT:  # independent of the products below, so it can overlap with them
-            keep = dropout_keep_mask(
-                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
+    if DROPOUT:  # independent of the products below, so it can overlap with them
+        keep = dropout_keep_mask(
+            seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
+        )
+    s = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
+    p = tl.exp2(s * qk_scale - lse2[:, None])
+    if MASKED:
+        k_doc = tl.load(doc_row + offs_n, mask=col_ok, other=0)[None, :] if DOCS else 0
+        seen = visible(
+            q_pos[:, None], offs_n[None, :], col_ok[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
+        )
+        if GATHER:  # the tile straddles blocks of the block mask
+            in_range = (offs_m < seq_len_q)[:, None] & col_ok[None, :]
+            seen = seen & block_visible(
+                block_row, offs_m[:, None], offs_n[None, :], in_range, stride_block_row, SPARSE_BLOCK
             )
-        s = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
-        p = tl.exp2(s * qk_scale - lse2[:, None])
-        if MASKED:
-            k_doc = tl.load(doc_row + offs_n, mask=col_ok, other=0)[None, :] if DOCS else 0
-            seen = visible(
-                q_pos[:, None], offs_n[None, :], col_ok[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
-            )
-            p = tl.where(seen, p, 0.0)
-        dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
-        if DROPOUT:
-            dp = tl.where(keep, dp * dropout_scale, 0.0)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=INPUT_PRECISION)
+        p = tl.where(seen, p, 0.0)
+    dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
+    if DROPOUT:
+        dp = tl.where(keep, dp * dropout_scale, 0.0)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=INPUT_PRECISION)
+    return dq
 
-        kT_ptrs += BLOCK_N * stride_kt
-        vT_ptrs += BLOCK_N * stride_vt
+
+@triton.jit
+def _dq_tiles(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    q_pos,
+    q_doc,
+    k_head,
+    v_head,
+    doc_row,
+    block_row,
+    stride_block_row,
+    kept,
+    stride_kt,
+    stride_kd,
+    stride_vt,
+    stride_vd,
+    offs_m,
+    offs_d,
+    lo,
+    hi,
+    seq_len_q,
+    seq_len_k,
+    window_size,
+    qk_scale,
+    bh,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    INDEXED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1]."""
+    if INDEXED:
+        for i in range(lo, hi):
+            start_n = tl.multiple_of(tl.load(kept + i) * BLOCK_N, BLOCK_N)
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+            vT_ptrs = v_head + offs_n[None, :] * stride_vt + offs_d[:, None] * stride_vd  # (D, BLOCK_N)
+            dq = _dq_tile(
+                dq, q, do, lse2, delta, q_pos, q_doc, kT_ptrs, vT_ptrs, doc_row, block_row, stride_block_row, offs_m,
+                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+                dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
+                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+            )  # fmt: skip
+    else:
+        offs_n = lo + tl.arange(0, BLOCK_N)
+        kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+        vT_ptrs = v_head + offs_n[None, :] * stride_vt + offs_d[:, None] * stride_vd  # (D, BLOCK_N)
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            dq = _dq_tile(
+                dq, q, do, lse2, delta, q_pos, q_doc, kT_ptrs, vT_ptrs, doc_row, block_row, stride_block_row, offs_m,
+                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+                dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
+                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+            )  # fmt: skip
+            kT_ptrs += BLOCK_N * stride_kt
+            vT_ptrs += BLOCK_N * stride_vt
     return dq
 
 
@@ -454,6 +621,10 @@ def _dq_key_range(
     k_head,
     v_head,
     doc_row,
+    block_row,
+    stride_block_row,
+    kept,
+    n_kept,
     stride_kt,
     stride_kd,
     stride_vt,
@@ -464,6 +635,7 @@ def _dq_key_range(
     hi,
     full_lo,
     full_hi,
+    seq_len_q,
     seq_len_k,
     window_size,
     qk_scale,
@@ -478,6 +650,9 @@ def _dq_key_range(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
+    SPARSE: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
     EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -485,24 +660,34 @@ def _dq_key_range(
 ):
     """Same split as the forward: masked run, mask-free run, masked run (causal band or ragged tail)."""
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
+    if SPARSE:
+        if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
+            fast_lo = start
+            fast_hi = start
+        run_0 = lower_bound(kept, n_kept, start // BLOCK_N)
+        run_1 = lower_bound(kept, n_kept, fast_lo // BLOCK_N)
+        run_2 = lower_bound(kept, n_kept, fast_hi // BLOCK_N)
+        run_3 = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_N))
+    else:
+        run_0, run_1, run_2, run_3 = start, fast_lo, fast_hi, end
     if EXTRA_MASKS:  # causal masking alone has no leading masked run (see the forward)
         dq = _dq_tiles(
-            dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt,
-            stride_vd, offs_m, offs_d, start, fast_lo, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
-            offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, DROPOUT,
-            UPCAST, INPUT_PRECISION,
+            dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept,
+            stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_0, run_1, seq_len_q, seq_len_k,
+            window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
+            BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
         )  # fmt: skip
     dq = _dq_tiles(
-        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-        offs_m, offs_d, fast_lo, fast_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, DOCS, DROPOUT, UPCAST,
-        INPUT_PRECISION,
+        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
+        stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_1, run_2, seq_len_q, seq_len_k, window_size, qk_scale,
+        bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, SPARSE, CAUSAL,
+        WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
     dq = _dq_tiles(
-        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-        offs_m, offs_d, fast_hi, end, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, DROPOUT, UPCAST,
-        INPUT_PRECISION,
+        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
+        stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_2, run_3, seq_len_q, seq_len_k, window_size, qk_scale,
+        bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL,
+        WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
     return dq
 
@@ -556,6 +741,9 @@ def flash_bwd_dq_kernel(
     KeptIndex,
     stride_index_h,
     stride_index_r,
+    BlockMask,
+    stride_block_h,
+    stride_block_row,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -563,6 +751,7 @@ def flash_bwd_dq_kernel(
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
     SPARSE: tl.constexpr,
+    GATHER: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
@@ -608,26 +797,19 @@ def flash_bwd_dq_kernel(
         doc_row = DocIds
         q_doc = 0
     if SPARSE:
-        block_row = start_m // SPARSE_BLOCK
-        n_kept = tl.load(KeptCount + h * stride_count_h + block_row)  # head strides are 0 for a shared mask
-        kept = KeptIndex + h * stride_index_h + block_row * stride_index_r
-        for i in range(n_kept):
-            block_lo = tl.load(kept + i) * SPARSE_BLOCK
-            block_hi = block_lo + SPARSE_BLOCK
-            dq = _dq_key_range(
-                dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt,
-                stride_vd, offs_m, offs_d, tl.maximum(lo, block_lo), tl.minimum(hi, block_hi),
-                tl.maximum(full_lo, block_lo), tl.minimum(full_hi, block_hi), seq_len_k, window_size, qk_scale, bh,
-                seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS,
-                EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
-            )  # fmt: skip
+        n_kept = tl.load(KeptCount + h * stride_count_h + pid_m)  # head strides are 0 for a shared mask
+        kept = KeptIndex + h * stride_index_h + pid_m * stride_index_r
+        block_row = BlockMask + h * stride_block_h
     else:
-        dq = _dq_key_range(
-            dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-            offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
-            offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT,
-            UPCAST, INPUT_PRECISION,
-        )  # fmt: skip
+        n_kept = 0
+        kept = KeptIndex
+        block_row = BlockMask
+    dq = _dq_key_range(
+        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, n_kept,
+        stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_q, seq_len_k,
+        window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
+        CAUSAL, WINDOW, DOCS, SPARSE, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
 
     dq_head = head_start(DQ, b, h, stride_dqb, stride_dqh)
     dq = dq * softmax_scale

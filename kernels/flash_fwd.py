@@ -25,30 +25,27 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
-from .masks import intersect_ranges, key_range, load_ranges, split_tiles, visible
+from .masks import block_visible, intersect_ranges, key_range, load_ranges, lower_bound, split_tiles, visible
 
 LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _forward_tiles(
+def _forward_tile(
     acc,
     l_i,
     m_i,
     q,
     q_pos,
     q_doc,
-    k_head,
-    v_head,
+    kT_ptrs,
+    v_ptrs,
     doc_row,
-    stride_kt,
-    stride_kd,
-    stride_vt,
-    stride_vd,
+    block_row,
+    stride_block_row,
     offs_m,
-    offs_d,
-    lo,
-    hi,
+    start_n,
+    seq_len_q,
     seq_len_k,
     window_size,
     qk_scale,
@@ -63,56 +60,129 @@ def _forward_tiles(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
     EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Online-softmax update over key tiles [lo, hi). MASKED tiles apply the length mask and every given mask."""
-    offs_n = lo + tl.arange(0, BLOCK_N)
-    kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
-    v_ptrs = v_head + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        if MASKED:
-            in_bounds = offs_n < seq_len_k
-            kT = tl.load(kT_ptrs, mask=in_bounds[None, :], other=0.0)
-            v = tl.load(v_ptrs, mask=in_bounds[:, None], other=0.0)
-        else:
-            kT = tl.load(kT_ptrs)
-            v = tl.load(v_ptrs)
-        if UPCAST:
-            kT = kT.to(tl.float32)
-            v = v.to(tl.float32)
+    """Online-softmax update with the key tile at start_n. MASKED tiles apply the length mask and every mask."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        in_bounds = offs_n < seq_len_k
+        kT = tl.load(kT_ptrs, mask=in_bounds[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=in_bounds[:, None], other=0.0)
+    else:
+        kT = tl.load(kT_ptrs)
+        v = tl.load(v_ptrs)
+    if UPCAST:
+        kT = kT.to(tl.float32)
+        v = v.to(tl.float32)
 
-        if DROPOUT:  # independent of the products below, so it can overlap with them
-            keep = dropout_keep_mask(
-                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
+    if DROPOUT:  # independent of the products below, so it can overlap with them
+        keep = dropout_keep_mask(
+            seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
+        )
+    s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+    if MASKED:
+        k_doc = tl.load(doc_row + offs_n, mask=in_bounds, other=0)[None, :] if DOCS else 0
+        seen = visible(
+            q_pos[:, None], offs_n[None, :], in_bounds[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
+        )
+        if GATHER:  # the tile straddles blocks of the block mask
+            in_range = (offs_m < seq_len_q)[:, None] & in_bounds[None, :]
+            seen = seen & block_visible(
+                block_row, offs_m[:, None], offs_n[None, :], in_range, stride_block_row, SPARSE_BLOCK
             )
-        s = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        if MASKED:
-            k_doc = tl.load(doc_row + offs_n, mask=in_bounds, other=0)[None, :] if DOCS else 0
-            seen = visible(
-                q_pos[:, None], offs_n[None, :], in_bounds[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
-            )
-            s = tl.where(seen, s, float("-inf"))
+        s = tl.where(seen, s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # In a mask-free tile, or under plain causal masking, every row has seen a visible column by now.
-        m_sub = m_new
-        if MASKED and EXTRA_MASKS:
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_sub[:, None])
-        alpha = tl.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DROPOUT:
-            p = tl.where(keep, p, 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # In a mask-free tile, or under plain causal masking, every row has seen a visible column by now.
+    m_sub = m_new
+    if MASKED and EXTRA_MASKS:
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_sub[:, None])
+    alpha = tl.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DROPOUT:
+        p = tl.where(keep, p, 0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, l_i, m_new
 
-        kT_ptrs += BLOCK_N * stride_kt
-        v_ptrs += BLOCK_N * stride_vt
+
+@triton.jit
+def _forward_tiles(
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,
+    q_doc,
+    k_head,
+    v_head,
+    doc_row,
+    block_row,
+    stride_block_row,
+    kept,
+    stride_kt,
+    stride_kd,
+    stride_vt,
+    stride_vd,
+    offs_m,
+    offs_d,
+    lo,
+    hi,
+    seq_len_q,
+    seq_len_k,
+    window_size,
+    qk_scale,
+    bh,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    INDEXED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOCS: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
+    EXTRA_MASKS: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1]."""
+    if INDEXED:
+        for i in range(lo, hi):
+            start_n = tl.multiple_of(tl.load(kept + i) * BLOCK_N, BLOCK_N)
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+            v_ptrs = v_head + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
+            acc, l_i, m_i = _forward_tile(
+                acc, l_i, m_i, q, q_pos, q_doc, kT_ptrs, v_ptrs, doc_row, block_row, stride_block_row, offs_m,
+                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+                dropout_threshold, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS,
+                DROPOUT, UPCAST, INPUT_PRECISION,
+            )  # fmt: skip
+    else:
+        offs_n = lo + tl.arange(0, BLOCK_N)
+        kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+        v_ptrs = v_head + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            acc, l_i, m_i = _forward_tile(
+                acc, l_i, m_i, q, q_pos, q_doc, kT_ptrs, v_ptrs, doc_row, block_row, stride_block_row, offs_m,
+                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+                dropout_threshold, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS,
+                DROPOUT, UPCAST, INPUT_PRECISION,
+            )  # fmt: skip
+            kT_ptrs += BLOCK_N * stride_kt
+            v_ptrs += BLOCK_N * stride_vt
     return acc, l_i, m_i
 
 
@@ -127,6 +197,10 @@ def _forward_key_range(
     k_head,
     v_head,
     doc_row,
+    block_row,
+    stride_block_row,
+    kept,
+    n_kept,
     stride_kt,
     stride_kd,
     stride_vt,
@@ -137,6 +211,7 @@ def _forward_key_range(
     hi,
     full_lo,
     full_hi,
+    seq_len_q,
     seq_len_k,
     window_size,
     qk_scale,
@@ -150,6 +225,9 @@ def _forward_key_range(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
+    SPARSE: tl.constexpr,
+    GATHER: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
     EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -157,26 +235,38 @@ def _forward_key_range(
 ):
     """Key tiles [lo, hi): a masked run, the mask-free run inside [full_lo, full_hi), and a masked run. With plain
     causal masking the first run is empty (and not compiled) and the last is the diagonal band; without masks the
-    last is the ragged tile when Tk is not a multiple of BLOCK_N."""
+    last is the ragged tile when Tk is not a multiple of BLOCK_N. Under a block mask, only the listed tiles of
+    each run."""
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
+    if SPARSE:
+        if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
+            fast_lo = start
+            fast_hi = start
+        # Positions in the ascending list where the runs start and end.
+        run_0 = lower_bound(kept, n_kept, start // BLOCK_N)
+        run_1 = lower_bound(kept, n_kept, fast_lo // BLOCK_N)
+        run_2 = lower_bound(kept, n_kept, fast_hi // BLOCK_N)
+        run_3 = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_N))
+    else:
+        run_0, run_1, run_2, run_3 = start, fast_lo, fast_hi, end
     if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
         acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-            offs_m, offs_d, start, fast_lo, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-            dropout_threshold, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
-            INPUT_PRECISION,
+            acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
+            stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_0, run_1, seq_len_q, seq_len_k, window_size,
+            qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL,
+            WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
         )  # fmt: skip
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-        offs_m, offs_d, fast_lo, fast_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, BLOCK_M, BLOCK_N, False, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
-        INPUT_PRECISION,
+        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
+        stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_1, run_2, seq_len_q, seq_len_k, window_size, qk_scale,
+        bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, False, SPARSE, CAUSAL, WINDOW, DOCS,
+        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-        offs_m, offs_d, fast_hi, end, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-        dropout_threshold, BLOCK_M, BLOCK_N, True, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
-        INPUT_PRECISION,
+        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
+        stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_2, run_3, seq_len_q, seq_len_k, window_size, qk_scale,
+        bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS,
+        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
     )  # fmt: skip
     return acc, l_i, m_i
 
@@ -223,6 +313,9 @@ def flash_fwd_kernel(
     KeptIndex,
     stride_index_h,
     stride_index_r,
+    BlockMask,
+    stride_block_h,
+    stride_block_row,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -230,6 +323,7 @@ def flash_fwd_kernel(
     WINDOW: tl.constexpr,
     DOCS: tl.constexpr,
     SPARSE: tl.constexpr,
+    GATHER: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     EXTRA_MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
@@ -275,27 +369,21 @@ def flash_fwd_kernel(
         doc_row = DocIds
         q_doc = 0
     if SPARSE:
-        # Only the key blocks this query block keeps: a compacted, ascending list built on the host.
-        block_row = start_m // SPARSE_BLOCK
-        n_kept = tl.load(KeptCount + h * stride_count_h + block_row)  # head strides are 0 for a shared mask
-        kept = KeptIndex + h * stride_index_h + block_row * stride_index_r
-        for i in range(n_kept):
-            block_lo = tl.load(kept + i) * SPARSE_BLOCK
-            block_hi = block_lo + SPARSE_BLOCK
-            acc, l_i, m_i = _forward_key_range(
-                acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-                offs_m, offs_d, tl.maximum(lo, block_lo), tl.minimum(hi, block_hi), tl.maximum(full_lo, block_lo),
-                tl.minimum(full_hi, block_hi), seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-                dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
-                INPUT_PRECISION,
-            )  # fmt: skip
+        # The key tiles that touch a kept block of this query tile: an ascending list built on the host. Head
+        # strides are 0 when one mask serves every head.
+        n_kept = tl.load(KeptCount + h * stride_count_h + pid_m)
+        kept = KeptIndex + h * stride_index_h + pid_m * stride_index_r
+        block_row = BlockMask + h * stride_block_h
     else:
-        acc, l_i, m_i = _forward_key_range(
-            acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, stride_kt, stride_kd, stride_vt, stride_vd,
-            offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
-            offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, EXTRA_MASKS, DROPOUT, UPCAST,
-            INPUT_PRECISION,
-        )  # fmt: skip
+        n_kept = 0
+        kept = KeptIndex
+        block_row = BlockMask
+    acc, l_i, m_i = _forward_key_range(
+        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, n_kept, stride_kt,
+        stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_q, seq_len_k, window_size,
+        qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SPARSE,
+        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+    )  # fmt: skip
 
     if EXTRA_MASKS:  # a row that saw no key has l = 0 and acc = 0: o = 0 and LSE = −inf + log2(1) = −inf
         l_i = tl.where(l_i == 0.0, 1.0, l_i)

@@ -3,9 +3,10 @@
 The kernels run inside two `torch.library` custom operators, so `torch.compile` traces a model through them
 (static or dynamic shapes, no graph break) and AOTAutograd sees their backward:
 
-    flashgpt::flash_attention_forward(q, k, v, rng_state, causal, dropout_p, softmax_scale) -> (o, lse)
-    flashgpt::flash_attention_backward(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale)
-        -> (dq, dk, dv)
+    flashgpt::flash_attention_forward(q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size,
+        document_ids, block_mask, block_size) -> (o, lse)
+    flashgpt::flash_attention_backward(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale,
+        window_size, document_ids, block_mask, block_size) -> (dq, dk, dv)
 
 Both are pure functions of their inputs; the launch configuration is looked up inside them at run time.
 
@@ -33,6 +34,8 @@ import math
 import torch
 from torch import Tensor
 
+from flashgpt.model.masks import validate_masks
+
 from .dropout import check_dropout_p
 from .launch import (
     AttentionParams,
@@ -43,6 +46,7 @@ from .launch import (
     launch_preprocess,
     tuned_config,
 )
+from .tile_schedule import KernelMasks
 from .tuning import NATIVE_HEAD_DIMS
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -67,10 +71,10 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: floa
             raise TypeError(
                 f"flash_attention: {name} has dtype {t.dtype}; supported: float16, bfloat16 (GPU) and float32"
             )
-    if not (q.shape == k.shape == v.shape):
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
         raise ValueError(
-            f"flash_attention: q, k, v must have the same shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
-            f"{tuple(v.shape)}"
+            "flash_attention: k and v must have the same shape (B, H, Tk, D) and q (B, H, Tq, D), got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"flash_attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -94,14 +98,38 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: floa
     if seq_len < 1 or batch < 1 or heads < 1:
         raise ValueError(f"flash_attention: empty input of shape {tuple(q.shape)}")
     check_dropout_p(dropout_p)
-    if dropout_p > 0 and seq_len > MAX_DROPOUT_SEQ_LEN:
+    if dropout_p > 0 and k.shape[2] > MAX_DROPOUT_SEQ_LEN:  # rows are at most Tk too
         raise ValueError(
-            f"flash_attention: dropout supports sequences up to {MAX_DROPOUT_SEQ_LEN} tokens, got {seq_len}"
+            f"flash_attention: dropout supports sequences up to {MAX_DROPOUT_SEQ_LEN} tokens, got {k.shape[2]}"
         )
     for name, t in (("q", q), ("k", k), ("v", v)):
         # Offsets inside one (batch, head) are 32-bit in the kernels; batch and head offsets are 64-bit.
-        if (seq_len - 1) * t.stride(2) + (head_dim - 1) * t.stride(3) >= 2**31:
+        if (t.shape[2] - 1) * t.stride(2) + (head_dim - 1) * t.stride(3) >= 2**31:
             raise ValueError(f"flash_attention: {name} spans more than 2³¹ elements within one head")
+
+
+def _check_masks(
+    q: Tensor,
+    k: Tensor,
+    window_size: int | None,
+    document_ids: Tensor | None,
+    block_mask: Tensor | None,
+    block_size: int,
+) -> None:
+    """The contract of `flashgpt.model.masks`: shapes, dtypes and devices of the masks, Tq <= Tk."""
+    batch, heads, seq_len_q, _ = q.shape
+    validate_masks(
+        seq_len_q, k.shape[2], window_size=window_size, document_ids=document_ids, block_mask=block_mask,
+        block_size=block_size, batch=batch, heads=heads, device=q.device, caller="flash_attention",
+    )  # fmt: skip
+
+
+def _kernel_masks(
+    k: Tensor, window_size: int | None, document_ids: Tensor | None, block_mask: Tensor | None, block_size: int
+) -> tuple[KernelMasks, dict]:
+    """The masks as the launches take them, and the tuned_config arguments (Tk; tiles that fit the blocks)."""
+    masks = KernelMasks.build(k.shape[2], window_size, document_ids, block_mask, block_size)
+    return masks, {"seq_len_k": k.shape[2], "block_size": block_size if block_mask is not None else None}
 
 
 def _draw_rng_state() -> Tensor:
@@ -136,16 +164,21 @@ def _forward(
     causal: bool,
     dropout_p: float,
     softmax_scale: float | None,
+    window_size: int | None = None,
+    document_ids: Tensor | None = None,
+    block_mask: Tensor | None = None,
+    block_size: int = 128,
 ) -> tuple[Tensor, Tensor]:
-    """o (B, H, T, D) and lse (B, H, T) fp32. Inputs are assumed checked (`flash_attention` does that)."""
+    """o (B, H, Tq, D) and lse (B, H, Tq) fp32. Inputs are assumed checked (`flash_attention` does that)."""
     batch, heads, seq_len, head_dim = q.shape
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
+    masks, fit = _kernel_masks(k, window_size, document_ids, block_mask, block_size)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v = (_pad_head_dim(t, native) for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
-    launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params))
+    launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **fit), masks)
     return (o[..., :head_dim] if native != head_dim else o), lse
 
 
@@ -153,7 +186,8 @@ flash_attention_forward = torch.library.custom_op("flashgpt::flash_attention_for
 
 
 @flash_attention_forward.register_fake
-def _(q, k, v, rng_state, causal, dropout_p, softmax_scale):
+def _(q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size=None, document_ids=None, block_mask=None,
+      block_size=128):  # fmt: skip
     native = native_head_dim(q.shape[-1])
     o = torch.empty_like(q) if native == q.shape[-1] else _padded_empty(q, native)
     return o, q.new_empty(q.shape[:3], dtype=torch.float32)
@@ -171,10 +205,15 @@ def _backward_kernels(
     causal: bool,
     dropout_p: float,
     softmax_scale: float | None,
+    window_size: int | None = None,
+    document_ids: Tensor | None = None,
+    block_mask: Tensor | None = None,
+    block_size: int = 128,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv from the output gradient `do` and, if not None, the log-sum-exp gradient `dlse`."""
     head_dim = q.shape[-1]
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
+    masks, fit = _kernel_masks(k, window_size, document_ids, block_mask, block_size)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
@@ -183,8 +222,8 @@ def _backward_kernels(
     if dlse is not None:
         delta.sub_(dlse)  # δ' = δ − dlse: dS = P ∘ (dP − δ) + dlse·P
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params))
-    launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params))
+    launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params, **fit), masks)
+    launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks)
     if native != head_dim:
         return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
     return dq, dk, dv
@@ -196,7 +235,8 @@ flash_attention_backward = torch.library.custom_op(
 
 
 @flash_attention_backward.register_fake
-def _(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale):
+def _(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale, window_size=None, document_ids=None,
+      block_mask=None, block_size=128):  # fmt: skip
     native = native_head_dim(q.shape[-1])
     if native == q.shape[-1]:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -204,22 +244,24 @@ def _(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale):
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
-    q, k, v, rng_state, causal, dropout_p, softmax_scale = inputs
+    q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size, document_ids, block_mask, block_size = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, rng_state)
+    ctx.save_for_backward(q, k, v, o, lse, rng_state, document_ids, block_mask)
     ctx.args = (causal, dropout_p, softmax_scale)
+    ctx.window_size, ctx.block_size = window_size, block_size
     # An unused lse (the usual case) then arrives as None rather than a tensor of zeros to subtract.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, do: Tensor | None, dlse: Tensor | None) -> tuple:
-    q, k, v, o, lse, rng_state = ctx.saved_tensors
+    q, k, v, o, lse, rng_state, document_ids, block_mask = ctx.saved_tensors
     if do is None:  # only the log-sum-exp was used
         do = torch.zeros_like(o)
     # With create_graph the gradients must come from the operator, whose own backward refuses a second derivative.
     run = _backward_kernels if _plain_eager(do) and not torch.is_grad_enabled() else flash_attention_backward
-    dq, dk, dv = run(do, q, k, v, o, lse, dlse, rng_state, *ctx.args)
-    return dq, dk, dv, None, None, None, None
+    masks = (ctx.window_size, document_ids, block_mask, ctx.block_size)
+    dq, dk, dv = run(do, q, k, v, o, lse, dlse, rng_state, *ctx.args, *masks)
+    return dq, dk, dv, *[None] * 8
 
 
 def _refuse_double_backward(ctx, *grads) -> None:
@@ -246,9 +288,9 @@ class _EagerFlashAttention(torch.autograd.Function):
     the host already bounds the speed. Compiled and traced code always goes through the operators."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rng_state, causal, dropout_p, softmax_scale):
-        o, lse = _forward(q, k, v, rng_state, causal, dropout_p, softmax_scale)
-        _setup_context(ctx, (q, k, v, rng_state, causal, dropout_p, softmax_scale), (o, lse))
+    def forward(ctx, *inputs):
+        o, lse = _forward(*inputs)
+        _setup_context(ctx, inputs, (o, lse))
         return o, lse
 
     backward = staticmethod(_backward)
@@ -263,18 +305,32 @@ def flash_attention(
     dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     return_lse: bool = False,
+    window_size: int | None = None,
+    document_ids: Tensor | None = None,
+    block_mask: Tensor | None = None,
+    block_size: int = 128,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Exact attention softmax(q·kᵀ·scale + causal mask)·v with dropout on the probabilities, fused in Triton.
+    """Exact attention softmax(q·kᵀ·scale + masks)·v with dropout on the probabilities, fused in Triton.
 
-    q, k, v: (B, H, T, D) with any strides, D a multiple of 8 from 16 to 256; float16/bfloat16 on CUDA, float32
-    anywhere (CPU tensors need TRITON_INTERPRET=1). Returns o (B, H, T, D), and with `return_lse` also the
-    float32 log-sum-exp (B, H, T) of each row of the scaled, masked scores. Differentiable in q, k and v, also
-    through the returned lse. Dropout draws its seed from PyTorch's default generator, so `torch.manual_seed`
-    makes it reproducible; its rate is rounded to a multiple of 1/256 (`dropout.effective_dropout_p`).
+    q: (B, H, Tq, D), k, v: (B, H, Tk, D) with Tq <= Tk (the queries are the last Tq positions), any strides, D a
+    multiple of 8 from 16 to 256; float16/bfloat16 on CUDA, float32 anywhere (CPU tensors need TRITON_INTERPRET=1).
+    Masks, combined by AND (exact semantics: `flashgpt.model.masks`): `causal` (bottom-right aligned),
+    `window_size` W (keys within W − 1 positions before, and without causal also after, the query),
+    `document_ids` (B, Tk) integer (a query sees keys of its own document), and `block_mask` (H or 1,
+    ceil(Tq / block_size), ceil(Tk / block_size)) bool (block-sparse; a block_size that is a multiple of 16 keeps
+    the per-element mask off whole tiles). Tiles the masks remove are never computed. A row that sees no key gives
+    o = 0, lse = −inf and zero gradients.
+    Returns o (B, H, Tq, D), and with `return_lse` also the float32 log-sum-exp (B, H, Tq) of each row of the
+    scaled, masked scores. Differentiable in q, k and v, also through the returned lse. Dropout draws its seed from
+    PyTorch's default generator, so `torch.manual_seed` makes it reproducible; its rate is rounded to a multiple
+    of 1/256 (`dropout.effective_dropout_p`).
     """
     _check_inputs(q, k, v, causal, dropout_p)
+    _check_masks(q, k, window_size, document_ids, block_mask, block_size)
     rng_state = _draw_rng_state() if dropout_p > 0 else None
     scale = None if softmax_scale is None else float(softmax_scale)
     attention = _EagerFlashAttention.apply if _plain_eager(q) else flash_attention_forward
-    o, lse = attention(q, k, v, rng_state, causal, float(dropout_p), scale)
+    o, lse = attention(
+        q, k, v, rng_state, causal, float(dropout_p), scale, window_size, document_ids, block_mask, block_size
+    )
     return (o, lse) if return_lse else o

@@ -16,7 +16,7 @@ from .dropout import keep_scale, keep_threshold
 from .flash_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess_kernel
 from .flash_fwd import flash_fwd_kernel
 from .tile_schedule import KernelMasks
-from .tuning import LaunchConfig, launch_config
+from .tuning import MIN_TILE, LaunchConfig, launch_config
 
 LOG2E = math.log2(math.e)
 PREPROCESS_BLOCK_M = 128
@@ -61,7 +61,10 @@ def _is_hopper(device_index: int) -> bool:
 
 def fit_tiles_to_blocks(cfg: LaunchConfig, block_size: int) -> LaunchConfig:
     """Shrink tiles so that both divide block_size: a tile then lies in one block of a block-sparse mask, which
-    it keeps or drops whole. block_size is a multiple of 16 (checked by the caller), so tiles stay >= 16."""
+    keeps or drops it whole, with no per-element lookup. Only when block_size is a multiple of the smallest tile;
+    other block sizes keep the tuned tiles and the kernels look the block mask up per element."""
+    if block_size % MIN_TILE:
+        return cfg
     largest = block_size & -block_size  # the largest power of two dividing block_size
     return replace(cfg, block_m=min(cfg.block_m, largest), block_n=min(cfg.block_n, largest))
 
@@ -74,7 +77,8 @@ def tuned_config(
     seq_len_k: int | None = None,
     block_size: int | None = None,
 ) -> LaunchConfig:
-    """The configuration for q and keys of length seq_len_k (default Tq); tiles fit block_size when given."""
+    """The configuration for q and keys of length seq_len_k (default Tq); with the block_size of a block mask, tiles
+    that fit it (`fit_tiles_to_blocks`)."""
     hopper = q.is_cuda and _is_hopper(q.device.index if q.device.index is not None else torch.cuda.current_device())
     cfg = launch_config(
         kernel_pass,
@@ -95,7 +99,9 @@ def tuned_config(
 def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks) -> dict:
     """Constexprs shared by all passes. The interpreter computes bf16 tl.dot wrongly (triton#11584), so bf16
     tiles are upcast to fp32 there; fp32 inputs get IEEE products (Triton's fp32 default on GPUs is TF32). Each
-    mask is a constexpr flag, so the unmasked kernel compiles to exactly the code it had before masks existed."""
+    mask is a constexpr flag, so the unmasked kernel compiles to exactly the code it had before masks existed.
+    GATHER: tiles straddle blocks of the block mask, which is then also applied per element."""
+    sparse = masks.block_mask is not None
     return dict(
         HEAD_DIM=q.shape[-1],
         BLOCK_M=cfg.block_m,
@@ -103,8 +109,9 @@ def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: K
         CAUSAL=params.causal,
         WINDOW=masks.window_size is not None,
         DOCS=masks.document_ids is not None,
-        SPARSE=masks.block_mask is not None,
-        SPARSE_BLOCK=masks.block_size if masks.block_mask is not None else 1,
+        SPARSE=sparse,
+        GATHER=sparse and not masks.block_exact(cfg.block_m, cfg.block_n),
+        SPARSE_BLOCK=masks.block_size if sparse else 1,
         DROPOUT=params.dropout,
         UPCAST=interpreting() and q.dtype == torch.bfloat16,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -113,25 +120,27 @@ def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: K
     )
 
 
-def _mask_args(masks: KernelMasks, seq_len_q: int, row_tile: int, rows: str, transposed: bool) -> tuple:
-    """(window_size, DocIds, stride, DocRanges, stride, KeptCount, stride_h, KeptIndex, stride_h, stride_r) for one
-    pass whose programs own `row_tile` rows of `rows` ('queries' or 'keys'); None for the masks not given."""
+def _mask_args(masks: KernelMasks, q: torch.Tensor, k: torch.Tensor, cfg: LaunchConfig, kernel_pass: str) -> tuple:
+    """(window_size, DocIds, stride, DocRanges, stride, KeptCount, stride_h, KeptIndex, stride_h, stride_r,
+    BlockMask, stride_h, stride_row) for one pass; None for the masks not given. The dK/dV pass owns tiles of keys
+    and walks query tiles; the forward and dQ passes own tiles of queries and walk key tiles."""
+    seq_len_q, seq_len_k = q.shape[2], k.shape[2]
+    by_keys = kernel_pass == "bwd_dkdv"
+    row_tile, col_tile = (cfg.block_n, cfg.block_m) if by_keys else (cfg.block_m, cfg.block_n)
     window = masks.window_size or 0
     doc_args: tuple = (None, 0, None, 0)
     if masks.document_ids is not None:
-        ranges = masks.document_ranges(seq_len_q, row_tile, rows)
+        ranges = masks.document_ranges(seq_len_q, row_tile, "keys" if by_keys else "queries")
         doc_args = (masks.document_ids, masks.document_ids.stride(0), ranges, ranges.stride(0))
-    block_args: tuple = (None, 0, None, 0, 0)
+    block_args: tuple = (None, 0, None, 0, 0, None, 0, 0)
     if masks.block_mask is not None:
-        counts, indices = masks.kept_blocks(transposed)
-        shared = counts.shape[0] == 1  # one mask for every head: head stride 0
+        counts, indices = masks.kept_tiles(seq_len_q, seq_len_k, row_tile, col_tile, transposed=by_keys)
+        block_mask = masks.block_mask_bytes()
+        shared = block_mask.shape[0] == 1  # one mask for every head: head strides 0
         block_args = (
-            counts,
-            0 if shared else counts.stride(0),
-            indices,
-            0 if shared else indices.stride(0),
-            indices.stride(1),
-        )
+            counts, 0 if shared else counts.stride(0), indices, 0 if shared else indices.stride(0), indices.stride(1),
+            block_mask, 0 if shared else block_mask.stride(0), block_mask.stride(1),
+        )  # fmt: skip
     return (window, *doc_args, *block_args)
 
 
@@ -144,8 +153,7 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
     flash_fwd_kernel[(triton.cdiv(seq_len_q, cfg.block_m), batch * heads)](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads, seq_len_q, seq_len_k, qk_scale, *rng,
-        *_mask_args(masks, seq_len_q, cfg.block_m, "queries", transposed=False),
-        EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
+        *_mask_args(masks, q, k, cfg, "fwd"), EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
@@ -167,8 +175,7 @@ def launch_dkdv(
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
-        *_mask_args(masks, seq_len_q, cfg.block_n, "keys", transposed=True),
-        **_flags(q, params, cfg, masks),
+        *_mask_args(masks, q, k, cfg, "bwd_dkdv"), **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
@@ -182,6 +189,5 @@ def launch_dq(
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
-        *_mask_args(masks, seq_len_q, cfg.block_m, "queries", transposed=False),
-        EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
+        *_mask_args(masks, q, k, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
     )  # fmt: skip

@@ -9,6 +9,8 @@ and walks tiles of columns. For each mask it computes, from scalars only, two co
 
 `split_tiles` turns the two ranges into three runs of tiles: masked, mask-free, masked. Only the masked runs pay
 for `visible` (a handful of integer compares per element); the mask-free run is the dense kernel's fast path.
+Under a block mask a program walks an ascending list of kept tiles instead; `lower_bound` finds where the three
+runs start in it, so the list splits the same way.
 """
 
 import triton
@@ -133,3 +135,24 @@ def visible(
     if DOCS:
         keep = keep & (q_doc == k_doc)
     return keep
+
+
+@triton.jit
+def block_visible(block_row, q_idx, k_idx, in_bounds, stride_row, BLOCK_SIZE: tl.constexpr):
+    """block_mask[h, i // block_size, j // block_size] per element, for tiles that straddle blocks; block_row is
+    the head's mask (uint8, rows of stride_row). Out-of-bounds elements read nothing and are not visible."""
+    kept = tl.load(block_row + (q_idx // BLOCK_SIZE) * stride_row + k_idx // BLOCK_SIZE, mask=in_bounds, other=0)
+    return in_bounds & (kept != 0)
+
+
+@triton.jit
+def lower_bound(sorted_ptr, n, value):
+    """The first position in the ascending sorted_ptr[0:n] whose entry is >= value (n if none): binary search."""
+    lo = n * 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        below = tl.load(sorted_ptr + mid) < value
+        lo = tl.where(below, mid + 1, lo)
+        hi = tl.where(below, hi, mid)
+    return lo

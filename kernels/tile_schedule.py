@@ -6,8 +6,11 @@ scalars (`masks.py`). Document ids and block masks are data, so each pass gets, 
 - documents: (B, n_row_tiles, 4) int32 (lo, hi, full_lo, full_hi), the column range holding every column that
   shares an id with some row of the tile, and the range whose columns all share the one id of every row (empty
   unless the tile lies in a single document whose columns are contiguous, as they are in packed sequences);
-- block-sparse: per row block, how many column blocks it keeps and their indices in ascending order, compacted
-  like FlexAttention's kv_num_blocks / kv_indices, so a program loops over kept blocks only.
+- block-sparse: per row tile, how many column tiles touch a kept block and their indices in ascending order,
+  compacted like FlexAttention's kv_num_blocks / kv_indices, so a program loops over those tiles only. When the
+  tiles divide block_size (the launcher shrinks them to make it so when block_size is a multiple of 16) a tile
+  lies in one block and is kept or dropped whole; otherwise a kept tile may hold dropped pairs, and the kernel
+  also looks the block mask up per element (`block_exact` is False).
 """
 
 import math
@@ -47,12 +50,28 @@ def document_tile_ranges(row_ids: torch.Tensor, col_ids: torch.Tensor, tile: int
     return torch.stack([lo, hi, full_lo, full_hi], dim=-1).to(torch.int32).contiguous()
 
 
-def kept_block_lists(block_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For a (H, R, C) bool block mask: counts (H, R) int32 of kept column blocks per row block, and indices
-    (H, R, C) int32 whose first counts[h, r] entries are the kept column blocks in ascending order."""
-    counts = block_mask.sum(-1, dtype=torch.int32)
-    # A stable sort of "dropped" (0 for kept) moves the kept blocks to the front and keeps them in order.
-    indices = torch.argsort((~block_mask).to(torch.uint8), dim=-1, stable=True)
+def _tile_blocks(length: int, tile: int, block_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each tile of `tile` positions out of `length`: its first block and one past its last block."""
+    starts = torch.arange(0, length, tile, device=device)
+    ends = (starts + tile).clamp(max=length)
+    return starts // block_size, (ends - 1) // block_size + 1
+
+
+def kept_tile_lists(
+    block_mask: torch.Tensor, block_size: int, n_rows: int, n_cols: int, row_tile: int, col_tile: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For an (H, ceil(n_rows / block_size), ceil(n_cols / block_size)) bool block mask: counts (H, R) int32 of
+    the column tiles that overlap a kept block, per row tile, and indices (H, R, C) int32 whose first counts[h, r]
+    entries are those column tiles in ascending order (R, C: the numbers of row and column tiles)."""
+    # Kept blocks in any rectangle of blocks, from 2-D prefix sums: prefix[h, i, j] counts kept blocks above-left.
+    prefix = torch.nn.functional.pad(block_mask.to(torch.int32).cumsum(1).cumsum(2), (1, 0, 1, 0))
+    r0, r1 = _tile_blocks(n_rows, row_tile, block_size, block_mask.device)
+    c0, c1 = _tile_blocks(n_cols, col_tile, block_size, block_mask.device)
+    r0, r1, c0, c1 = r0[:, None], r1[:, None], c0[None, :], c1[None, :]
+    kept = (prefix[:, r1, c1] - prefix[:, r0, c1] - prefix[:, r1, c0] + prefix[:, r0, c0]) > 0
+    counts = kept.sum(-1, dtype=torch.int32)
+    # A stable sort of "dropped" (0 for kept) moves the kept tiles to the front and keeps them in order.
+    indices = torch.argsort((~kept).to(torch.uint8), dim=-1, stable=True)
     return counts.contiguous(), indices.to(torch.int32).contiguous()
 
 
@@ -101,10 +120,24 @@ class KernelMasks:
             self._cache[key] = document_tile_ranges(row_ids, col_ids, tile)
         return self._cache[key]
 
-    def kept_blocks(self, transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kept key blocks per query block, or with `transposed` kept query blocks per key block."""
-        key = ("blocks", transposed)
+    def block_exact(self, row_tile: int, col_tile: int) -> bool:
+        """Whether every tile lies inside one block, so the block mask keeps or drops it whole."""
+        return self.block_size % row_tile == 0 and self.block_size % col_tile == 0
+
+    def kept_tiles(
+        self, seq_len_q: int, seq_len_k: int, row_tile: int, col_tile: int, transposed: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kept key tiles per query tile, or with `transposed` (rows are keys) kept query tiles per key tile."""
+        key = ("tiles", seq_len_q, seq_len_k, row_tile, col_tile, transposed)
         if key not in self._cache:
-            mask = self.block_mask.transpose(1, 2) if transposed else self.block_mask
-            self._cache[key] = kept_block_lists(mask)
+            mask, rows, cols = self.block_mask, seq_len_q, seq_len_k
+            if transposed:
+                mask, rows, cols = mask.transpose(1, 2), seq_len_k, seq_len_q
+            self._cache[key] = kept_tile_lists(mask, self.block_size, rows, cols, row_tile, col_tile)
         return self._cache[key]
+
+    def block_mask_bytes(self) -> torch.Tensor:
+        """The block mask as contiguous uint8, for the kernels' per-element lookup."""
+        if "bytes" not in self._cache:
+            self._cache["bytes"] = self.block_mask.to(torch.uint8).contiguous()
+        return self._cache["bytes"]

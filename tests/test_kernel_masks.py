@@ -1,0 +1,377 @@
+"""The kernel under masks (Tq < Tk, sliding window, document ids, block-sparse) against a float64 reference that
+applies `dense_mask`, through the Triton interpreter; plus the tile skipping itself and the argument checks.
+
+Shapes are small and odd (1, 50, 77, 200: not multiples of any tile or block) because the interpreter is slow.
+"""
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashgpt.kernels import flash_attention
+from flashgpt.kernels.dropout import keep_scale
+from flashgpt.kernels.interface import flash_attention_backward, flash_attention_forward
+from flashgpt.kernels.launch import AttentionParams, tuned_config
+from flashgpt.model.masks import dense_mask
+
+FP32_TOL = 1e-5
+LOW_PRECISION_TOL = 2e-2
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed for every check, printed on failure so any failure can be replayed."""
+    value = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(value)
+    return value
+
+
+def random_documents(batch: int, seq_len: int, mean_len: float) -> torch.Tensor:
+    """(B, T) int64 ids of packed documents of random (geometric) lengths: id k+1 starts where a new one does."""
+    starts = torch.rand(batch, seq_len) < 1.0 / mean_len
+    starts[:, 0] = False
+    return starts.cumsum(1)
+
+
+def random_block_mask(heads: int, seq_len_q: int, seq_len_k: int, block_size: int, density: float) -> torch.Tensor:
+    return torch.rand(heads, math.ceil(seq_len_q / block_size), math.ceil(seq_len_k / block_size)) < density
+
+
+def make_masks(name: str, batch: int, heads: int, seq_len_q: int, seq_len_k: int) -> dict:
+    """flash_attention mask kwargs for a named case; `+` combines cases."""
+    kwargs: dict = {}
+    for part in name.split("+"):
+        if part == "window":
+            kwargs["window_size"] = 33
+        elif part == "docs":
+            kwargs["document_ids"] = random_documents(batch, seq_len_k, mean_len=40)
+        elif part == "scattered_docs":  # ids that come back: visibility by id, not by contiguous runs
+            kwargs["document_ids"] = torch.randint(0, 3, (batch, seq_len_k), dtype=torch.int32)
+        elif part == "blocks":
+            kwargs.update(block_mask=random_block_mask(heads, seq_len_q, seq_len_k, 32, 0.5), block_size=32)
+        elif part == "shared_blocks":
+            kwargs.update(block_mask=random_block_mask(1, seq_len_q, seq_len_k, 16, 0.4), block_size=16)
+        elif part == "odd_blocks":  # blocks no tile fits in: the kernel also applies the block mask per element
+            kwargs.update(block_mask=random_block_mask(heads, seq_len_q, seq_len_k, 24, 0.4), block_size=24)
+        elif part != "none":
+            raise ValueError(part)
+    return kwargs
+
+
+def visibility(q: torch.Tensor, k: torch.Tensor, causal: bool, masks: dict) -> torch.Tensor:
+    return dense_mask(q.shape[2], k.shape[2], causal=causal, **masks)
+
+
+def reference_attention(q, k, v, visible, *, scale=None, keep=None, dropout_p=0.0):
+    """softmax(q·kᵀ·scale, over visible keys)·v in float64; rows with no visible key give o = 0, lse = −inf."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    # exp(s − lse) with lse = 0 on empty rows: exp(−inf) = 0, so no NaN reaches the gradients.
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    if keep is not None:
+        p = p * keep * keep_scale(dropout_p)
+    return p @ v, lse
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    diff = (actual.double() - expected.double()).norm().item()
+    norm = expected.double().norm().item()
+    return diff / norm if norm > 0 else diff
+
+
+def make_qkv(batch, heads, seq_len_q, seq_len_k, head_dim, dtype=torch.float32):
+    q = torch.randn(batch, heads, seq_len_q, head_dim, dtype=dtype)
+    k, v = (torch.randn(batch, heads, seq_len_k, head_dim, dtype=dtype) for _ in range(2))
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+def check_against_reference(q, k, v, *, causal: bool, masks: dict, tol: float, seed: int):
+    o, lse = flash_attention(q, k, v, causal=causal, return_lse=True, **masks)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    visible = visibility(q, k, causal, masks)
+    ref_o, ref_lse = reference_attention(q, k, v, visible)
+    ref_grads = torch.autograd.grad(ref_o, (q, k, v), do.double())
+
+    where = f"(seed {seed}, q {tuple(q.shape)}, k {tuple(k.shape)}, causal={causal}, masks {sorted(masks)})"
+    assert o.shape == q.shape and lse.shape == q.shape[:3]
+    empty_rows = ~visible.any(-1).expand(lse.shape)
+    assert torch.equal(lse[empty_rows], ref_lse[empty_rows].float()), f"rows that see nothing: lse != -inf {where}"
+    assert torch.isfinite(lse[~empty_rows]).all(), f"lse not finite where a row sees keys {where}"
+    assert rel_err(lse[~empty_rows], ref_lse[~empty_rows]) < tol, f"lse {where}"
+    for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *grads), (ref_o, *ref_grads), strict=True):
+        assert torch.isfinite(got).all(), f"{name} has non-finite values {where}"
+        err = rel_err(got, want)
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol} {where}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dense_mask: the definition everything else is checked against, on examples small enough to read
+
+
+def test_dense_mask_hand_built_examples():
+    rows = lambda m: m[0, 0].int().tolist()
+    # Two queries are the last two of four keys: query i sits at position 2 + i.
+    assert rows(dense_mask(2, 4, causal=True)) == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert rows(dense_mask(4, 4, causal=True, window_size=2)) == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0],
+                                                                   [0, 0, 1, 1]]  # fmt: skip
+    assert rows(dense_mask(3, 3, causal=False, window_size=2)) == [[1, 1, 0], [1, 1, 1], [0, 1, 1]]
+    docs = torch.tensor([[0, 0, 1, 1, 1], [5, 6, 6, 6, 5]])
+    m = dense_mask(3, 5, causal=True, document_ids=docs)
+    assert m.shape == (2, 1, 3, 5)
+    assert m[0, 0].int().tolist() == [[0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
+    assert m[1, 0].int().tolist() == [[0, 1, 1, 0, 0], [0, 1, 1, 1, 0], [1, 0, 0, 0, 1]]
+    blocks = torch.tensor([[[True, False], [False, True]], [[False, True], [True, True]]])
+    m = dense_mask(3, 3, causal=False, block_mask=blocks, block_size=2)
+    assert m.shape == (1, 2, 3, 3)
+    assert m[0, 0].int().tolist() == [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
+    assert m[0, 1].int().tolist() == [[0, 0, 1], [0, 0, 1], [1, 1, 1]]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Against float64
+
+
+@pytest.mark.parametrize(
+    ("causal", "seq_len_q", "seq_len_k", "mask"),
+    [
+        (True, 77, 200, "none"),
+        (False, 1, 77, "none"),
+        (True, 1, 77, "none"),
+        (True, 200, 200, "window"),
+        (False, 77, 200, "window"),
+        (True, 200, 200, "docs"),
+        (False, 50, 77, "scattered_docs"),
+        (True, 200, 200, "blocks"),
+        (False, 77, 200, "shared_blocks"),
+        (True, 77, 200, "odd_blocks"),
+        (True, 77, 200, "window+docs+blocks"),
+        (False, 200, 200, "window+scattered_docs+shared_blocks"),
+    ],
+)
+def test_masks_match_float64_reference(causal, seq_len_q, seq_len_k, mask, seed):
+    q, k, v = make_qkv(2, 2, seq_len_q, seq_len_k, 32)
+    masks = make_masks(mask, 2, 2, seq_len_q, seq_len_k)
+    check_against_reference(q, k, v, causal=causal, masks=masks, tol=FP32_TOL, seed=seed)
+
+
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 16), (torch.float16, 128)])
+def test_masks_with_low_precision_and_other_head_dims(dtype, head_dim, seed):
+    q, k, v = make_qkv(1, 2, 77, 130, head_dim, dtype)
+    masks = make_masks("window+docs+blocks", 1, 2, 77, 130)
+    check_against_reference(q, k, v, causal=True, masks=masks, tol=LOW_PRECISION_TOL, seed=seed)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")
+def test_fully_masked_rows_give_zero_output_and_gradients(seed):
+    """Query blocks whose block-mask row is empty see no key: o = 0, lse = −inf, dq = 0, and nothing NaN."""
+    q, k, v = make_qkv(1, 2, 100, 100, 32)
+    block_mask = random_block_mask(2, 100, 100, 32, 0.6)
+    block_mask[0, 1] = False
+    block_mask[1, 3] = False  # the ragged last block (rows 96..99)
+    masks = dict(block_mask=block_mask, block_size=32)
+    check_against_reference(q, k, v, causal=False, masks=masks, tol=FP32_TOL, seed=seed)
+    o, lse = flash_attention(q, k, v, causal=False, return_lse=True, **masks)
+    (dq,) = torch.autograd.grad(o.sum(), q)
+    for h, rows in ((0, slice(32, 64)), (1, slice(96, 100))):
+        assert (o[0, h, rows] == 0).all() and (dq[0, h, rows] == 0).all(), f"seed {seed}"
+        assert (lse[0, h, rows] == float("-inf")).all(), f"seed {seed}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Work skipped is real: count the tile products the interpreter executes
+
+
+@pytest.fixture
+def count_dots(monkeypatch):
+    """A counter of the interpreter's tl.dot calls (every matrix product of every program)."""
+    from triton.runtime import interpreter
+
+    calls = {"n": 0}
+    original = interpreter.interpreter_builder.create_dot
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(interpreter.interpreter_builder, "create_dot", counted)
+    return calls
+
+
+def tiles_with_visible_pairs(visible: torch.Tensor, rows: int, cols: int, batch: int, heads: int) -> int:
+    """Over all (batch, head), the (rows × cols) tiles of the (Tq, Tk) mask that hold at least one visible pair."""
+    visible = visible.expand(batch, heads, *visible.shape[2:])
+    tq, tk = visible.shape[2:]
+    padded = torch.zeros(batch, heads, math.ceil(tq / rows) * rows, math.ceil(tk / cols) * cols, dtype=torch.bool)
+    padded[:, :, :tq, :tk] = visible
+    tiled = padded.view(batch, heads, padded.shape[2] // rows, rows, padded.shape[3] // cols, cols)
+    return int(tiled.any(dim=(3, 5)).sum())
+
+
+@pytest.mark.parametrize(
+    ("causal", "seq_len_q", "seq_len_k", "mask"),
+    [(True, 160, 256, "window"), (False, 256, 256, "window"), (True, 256, 256, "docs"), (True, 96, 256, "blocks")],
+)
+def test_only_tiles_with_visible_pairs_are_computed(causal, seq_len_q, seq_len_k, mask, count_dots, seed):
+    """Each pass runs its products on exactly the tiles that hold a visible pair (2 per tile forward, 4 for
+    dK/dV, 3 for dQ), so time falls with the kept fraction; and fewer than the dense (causal) kernel does."""
+    batch, heads = 2, 2
+    q, k, v = make_qkv(batch, heads, seq_len_q, seq_len_k, 16)
+    masks = make_masks(mask, batch, heads, seq_len_q, seq_len_k)
+    visible = visibility(q, k, causal, masks)
+    params = AttentionParams(causal, 0.0, 1.0)
+    block_size = masks.get("block_size") if "block_mask" in masks else None
+
+    def tiles(kernel_pass: str, visible: torch.Tensor) -> int:
+        cfg = tuned_config(kernel_pass, q, params, seq_len_k=seq_len_k, block_size=block_size)
+        return tiles_with_visible_pairs(visible, cfg.block_m, cfg.block_n, batch, heads)
+
+    expected_fwd = 2 * tiles("fwd", visible)
+    expected_bwd = 4 * tiles("bwd_dkdv", visible) + 3 * tiles("bwd_dq", visible)
+
+    o = flash_attention(q, k, v, causal=causal, **masks)
+    forward_dots = count_dots["n"]
+    torch.autograd.grad(o.sum(), (q, k, v))
+    backward_dots = count_dots["n"] - forward_dots
+    assert (forward_dots, backward_dots) == (expected_fwd, expected_bwd), f"seed {seed}"
+
+    assert forward_dots < 2 * tiles("fwd", visibility(q, k, causal, {})), f"the mask skipped nothing (seed {seed})"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Dropout under masks
+
+
+def recover_keep_mask(batch, heads, seq_len_q, seq_len_k, head_dim, causal, masks, p, rng_seed):
+    """The kernel's keep-mask (restricted to visible pairs) for the call made right after torch.manual_seed(rng_seed).
+
+    With q = k = 0 every visible probability is 1/n_visible; with v = one-hot rows (Tk <= D), o[i, j] is the
+    dropped, rescaled probability of key j, non-zero exactly where the pair is visible and the mask keeps."""
+    q = torch.zeros(batch, heads, seq_len_q, head_dim)
+    k = torch.zeros(batch, heads, seq_len_k, head_dim)
+    one_hot = torch.eye(seq_len_k, head_dim).expand(batch, heads, seq_len_k, head_dim).contiguous()
+    torch.manual_seed(rng_seed)
+    o = flash_attention(q, k, one_hot, causal=causal, dropout_p=p, **masks)
+    return o[..., :seq_len_k] != 0
+
+
+@pytest.mark.parametrize(
+    ("causal", "mask"),
+    [(True, "window"), (False, "docs"), (True, "blocks"), (True, "odd_blocks"), (False, "window+docs+shared_blocks")],
+)
+def test_dropout_under_masks(causal, mask, seed):
+    """The keep-mask does not depend on the masks (same seed, same decisions where a pair is visible), and o and
+    dq, dk, dv equal the float64 reference under the recovered mask, so forward and backward agree."""
+    batch, heads, seq_len_q, seq_len_k, head_dim, p = 1, 2, 50, 100, 128, 0.3
+    masks = make_masks(mask, batch, heads, seq_len_q, seq_len_k)
+    q, k, v = make_qkv(batch, heads, seq_len_q, seq_len_k, head_dim)
+    visible = visibility(q, k, causal, masks).expand(batch, heads, seq_len_q, seq_len_k)
+    keep = recover_keep_mask(batch, heads, seq_len_q, seq_len_k, head_dim, causal, masks, p, seed)
+    keep_unmasked = recover_keep_mask(batch, heads, seq_len_q, seq_len_k, head_dim, False, {}, p, seed)
+    assert not (keep & ~visible).any(), f"dropout kept a masked pair (seed {seed})"
+    assert torch.equal(keep, keep_unmasked & visible), f"the masks changed the dropout decisions (seed {seed})"
+
+    torch.manual_seed(seed)
+    o = flash_attention(q, k, v, causal=causal, dropout_p=p, **masks)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ref_o, _ = reference_attention(q, k, v, visible, keep=keep, dropout_p=p)
+    ref_grads = torch.autograd.grad(ref_o, (q, k, v), do.double())
+    assert rel_err(o, ref_o) < FP32_TOL, f"seed {seed}"
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
+        assert rel_err(got, want) < FP32_TOL, f"{name} disagrees with the forward's mask (seed {seed})"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# As a PyTorch operator
+
+
+def test_masks_through_the_operator_and_torch_compile(seed):
+    """opcheck (schema, fake tensors, autograd registration) with every mask given, and a fullgraph compile whose
+    output and gradients equal eager's (the masks are operator arguments, Tq < Tk under dynamic shapes)."""
+    q, k, v = make_qkv(2, 2, 24, 40, 32)
+    masks = make_masks("window+docs+blocks", 2, 2, 24, 40)
+    args = (masks["window_size"], masks["document_ids"], masks["block_mask"], masks["block_size"])
+    torch.library.opcheck(flash_attention_forward, (q, k, v, None, True, 0.0, None, *args))
+    o, lse = flash_attention_forward(q, k, v, None, True, 0.0, None, *args)
+    detached = [t.detach() for t in (q, k, v, o, lse)]
+    torch.library.opcheck(
+        flash_attention_backward, (torch.randn_like(o), *detached, None, None, True, 0.0, None, *args)
+    )
+
+    def attend(q, k, v, document_ids, block_mask):
+        return flash_attention(q, k, v, window_size=33, document_ids=document_ids, block_mask=block_mask, block_size=32)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True, dynamic=True)
+    eager_o = attend(q, k, v, masks["document_ids"], masks["block_mask"])
+    compiled_o = compiled(q, k, v, masks["document_ids"], masks["block_mask"])
+    do = torch.randn_like(eager_o)
+    for got, want in zip(
+        torch.autograd.grad(compiled_o, (q, k, v), do), torch.autograd.grad(eager_o, (q, k, v), do), strict=True
+    ):
+        assert torch.equal(got, want), f"seed {seed}"
+    assert torch.equal(compiled_o, eager_o), f"seed {seed}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_mask_errors_name_the_problem():
+    q, kv = torch.randn(2, 2, 16, 32), torch.randn(2, 2, 40, 32)
+    call = lambda **kw: flash_attention(q, kv, kv, **kw)
+    with pytest.raises(ValueError, match="Tq <= Tk"):
+        flash_attention(kv, q, q)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="window_size"):
+            call(window_size=bad)
+    with pytest.raises(TypeError, match="document_ids must be an integer"):
+        call(document_ids=torch.zeros(2, 40))
+    with pytest.raises(ValueError, match=r"document_ids must have shape \(B, Tk\) = \(2, 40\)"):
+        call(document_ids=torch.zeros(2, 16, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"document_ids must have shape"):
+        call(document_ids=torch.zeros(1, 40, dtype=torch.long))
+    with pytest.raises(TypeError, match="block_mask must be a bool"):
+        call(block_mask=torch.ones(1, 1, 3), block_size=16)
+    with pytest.raises(ValueError, match=r"block_mask must have shape .* \(2 or 1, 1, 3\)"):
+        call(block_mask=torch.ones(1, 1, 2, dtype=torch.bool), block_size=16)
+    with pytest.raises(ValueError, match=r"block_mask must have shape"):
+        call(block_mask=torch.ones(3, 1, 3, dtype=torch.bool), block_size=16)
+    with pytest.raises(ValueError, match="block_size must be an int >= 1"):
+        call(block_mask=torch.ones(1, 1, 1, dtype=torch.bool), block_size=0)
+    with pytest.raises(ValueError, match="document_ids is on meta"):
+        call(document_ids=torch.zeros(2, 40, dtype=torch.long, device="meta"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# scripts/bench_masks.py on the CPU
+
+
+def test_bench_masks_check_only_and_visible_pair_count(tmp_path):
+    """The benchmark's checks pass through the interpreter, and its chunked count of visible pairs (the FLOPs
+    behind every TFLOP/s it reports) equals a plain count over the whole dense mask."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_masks
+
+    profile = bench_masks.Profile("cpu", torch.float32, block_size=32, check_seq_len=160, dropout_check_seq_len=96)
+    for name in bench_masks.MASKS:
+        case = bench_masks.build_case(name, 300, 2, profile)
+        whole = dense_mask(300, 300, causal=True, **case.flash_kwargs).expand(2, bench_masks.HEADS, 300, 300)
+        assert bench_masks.visible_pairs(300, 2, bench_masks.HEADS, case.flash_kwargs, "cpu", chunk=64) == int(
+            whole.sum()
+        ), name
+
+    out = tmp_path / "masks.json"
+    assert bench_masks.main(["--check-only", "--masks", "documents,butterfly", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["check"]["passed"] and report["rows"] == []
+    checked = [r["check"] for r in report["check"]["results"]]
+    assert checked == ["dense T=160", "documents T=160", "butterfly T=160", "documents dropout 0.1 T=96",
+                       "butterfly dropout 0.1 T=96"]  # fmt: skip
