@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from flashgpt.training.checkpoint import (
     capture_rng_state,
     last_good_checkpoint,
     load_checkpoint,
+    load_training_state,
     remove_abandoned_saves,
     restore_rng_state,
     save_checkpoint,
@@ -150,7 +152,6 @@ def test_overwrite_true_starts_the_run_again(run_dir):
     [
         ("model.d_model=256", "model.d_model=128 in the checkpoint, model.d_model=256 now"),
         ("seq_len=32", "seq_len=64 in the checkpoint, seq_len=32 now"),
-        ("attention=naive", "attention.name=sdpa in the checkpoint, attention.name=naive now"),
     ],
 )
 def test_a_setting_that_cannot_change_on_resume_is_refused_with_both_values(run_dir, override, refusal):
@@ -176,9 +177,12 @@ def test_resume_policy_per_key(tmp_path):
         "model.dropout: 0.0 -> 0.1",
         "train.lr: 0.001 -> 0.002",
     ]
-    refused = {**applied, "seed": 1, "data": {"document_mask": True}}
+    refused = {**applied, "seed": 1, "data": {"document_mask": True}, "attention": {"name": "naive"}}
     with pytest.raises(ResumeConfigError) as refusal:
-        check_resume_config({**saved, "data": {"document_mask": False}}, refused, tmp_path / LATEST)
+        check_resume_config(
+            {**saved, "data": {"document_mask": False}, "attention": {"name": "flash"}}, refused, tmp_path
+        )
+    assert "attention.name=flash in the checkpoint, attention.name=naive now" in str(refusal.value)
     assert "seed=0 in the checkpoint, seed=1 now (the seed orders the data windows" in str(refusal.value)
     assert "data.document_mask=False in the checkpoint, data.document_mask=True now" in str(refusal.value)
 
@@ -332,6 +336,17 @@ def test_a_damaged_checkpoint_fails_with_an_error_naming_it(tmp_path, damage, me
     with pytest.raises(CheckpointError, match=f"checkpoint {path} ({message})"):
         load_checkpoint(path)
     assert last_good_checkpoint(path) is None
+
+
+def test_a_file_that_is_not_a_training_checkpoint_is_refused_naming_it(tmp_path):
+    path = tmp_path / LATEST
+    save_checkpoint({"step": 3}, path)
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is not a training checkpoint: it lacks model, "):
+        load_training_state(path)
+    with zipfile.ZipFile(path, "w") as archive:  # a sound zip archive, but not torch's
+        archive.writestr("notes.txt", "hello")
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is not a torch checkpoint"):
+        load_checkpoint(path)
 
 
 def test_resume_from_a_damaged_checkpoint_stops_before_training(run_dir):
