@@ -72,7 +72,7 @@ def main(argv: list[str]) -> None:
         load_s = [timed(lambda: load_checkpoint(path)) for _ in range(args.repeats)]
         verify_s = [timed(lambda: verify_checkpoint(path)) for _ in range(args.repeats)]
     result = {
-        "what": "save_checkpoint / load_checkpoint / verify_checkpoint of GPT-2 124M + AdamW state (CPU, fsync included)",
+        "what": "save / load / verify_checkpoint of GPT-2 124M + AdamW state (CPU, fsync included)",
         "label": args.label,
         "command": command_line("bench_checkpoint.py", argv),
         "bytes": size,
