@@ -5,13 +5,14 @@ With S = Q·Kᵀ·scale, P = softmax(S) = exp(S − LSE), dropout keep-mask Z an
     P̃  = c·(P ∘ Z)            the probabilities the forward multiplied with V
     dV = P̃ᵀ·dO
     dP = c·Z ∘ (dO·Vᵀ)
-    dS = P ∘ (dP − δ),        δ = rowsum(dP ∘ P) = rowsum(dO ∘ O)     (the preprocess below)
+    dS = P ∘ (dP − δ),        δ = rowsum(dP ∘ P) = rowsum(dO ∘ O)
     dQ = scale · dS·K,        dK = scale · dSᵀ·Q
 
 P and Z are recomputed tile by tile from Q, K, the LSE and the dropout seed. Two kernels split the work so that
 every sum has a single owner and runs in a fixed order (deterministic, no float atomics): one program per key
 tile accumulates its dK and dV over query tiles, one program per query tile accumulates its dQ over key tiles.
-The price is recomputing S and dP in both, 7 matrix products instead of 5.
+The price is recomputing S and dP in both, 7 matrix products instead of 5. δ is computed once per query row:
+by the dQ kernel (FUSED_DELTA), which runs first and stores it for the dK/dV kernel, or by the preprocess below.
 
 Masks (see `masks.py`) bound the loops exactly as in the forward: the dK/dV program of a key tile visits only the
 query tiles that can see it. A masked element has P = 0, so it adds nothing to any sum; a query row that saw no
@@ -55,7 +56,7 @@ def flash_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """δ = rowsum(dO ∘ O), in fp32, one value per query row."""
+    """δ = rowsum(dO ∘ O), in fp32, one value per query row (for callers that launch dK/dV first)."""
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
@@ -698,7 +699,9 @@ def flash_bwd_dq_kernel(
     K,
     V,
     DO,
+    O,
     LSE,
+    DLSE,
     Delta,
     DQ,
     stride_qb,
@@ -721,6 +724,10 @@ def flash_bwd_dq_kernel(
     stride_dqh,
     stride_dqt,
     stride_dqd,
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    stride_od,
     n_heads,
     seq_len_q,
     seq_len_k,
@@ -754,6 +761,7 @@ def flash_bwd_dq_kernel(
     GATHER: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     EXTRA_MASKS: tl.constexpr,
+    FUSED_DELTA: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -780,11 +788,22 @@ def flash_bwd_dq_kernel(
     q_pos = offs_m + (seq_len_k - seq_len_q)
     q = tl.load(q_head + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
     do = tl.load(do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
+    lse2 = tl.load(LSE + bh.to(tl.int64) * seq_len_q + offs_m, mask=row_ok, other=0.0) * LOG2E
+    delta_row = Delta + bh.to(tl.int64) * seq_len_q
+    if FUSED_DELTA:
+        # δ = rowsum(dO ∘ O) − dlse for this program's rows (a gradient dlse into the returned LSE adds dlse·P to
+        # dS, the same as lowering δ by dlse), stored for the dK/dV kernel that runs next.
+        o_head = head_start(O, b, h, stride_ob, stride_oh)
+        o = tl.load(o_head + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        if DLSE is not None:
+            delta -= tl.load(DLSE + bh.to(tl.int64) * seq_len_q + offs_m, mask=row_ok, other=0.0)
+        tl.store(delta_row + offs_m, delta, mask=row_ok)
+    else:
+        delta = tl.load(delta_row + offs_m, mask=row_ok, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse2 = tl.load(LSE + bh.to(tl.int64) * seq_len_q + offs_m, mask=row_ok, other=0.0) * LOG2E
-    delta = tl.load(Delta + bh.to(tl.int64) * seq_len_q + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
 
     lo, hi, full_lo, full_hi = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)

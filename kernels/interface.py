@@ -20,8 +20,8 @@ being recomputed in the backward. The backward reads the same tensor from the fo
 device sync.
 
 Gradients: the backward kernels take δ = rowsum(dO ∘ O) per query row. A gradient dlse flowing into the returned
-log-sum-exp adds dlse·P to dS (∂lse/∂s = P), which is the same as using δ' = δ − dlse, so the backward
-subtracts it and the kernels are unchanged. The backward is not itself differentiable: asking for a second
+log-sum-exp adds dlse·P to dS (∂lse/∂s = P), which is the same as using δ' = δ − dlse, so the dQ kernel, which
+computes δ, subtracts it and nothing else changes. The backward is not itself differentiable: asking for a second
 derivative raises instead of returning a wrong value.
 
 Head dims: the kernels are compiled for D in NATIVE_HEAD_DIMS; any other multiple of 8 up to 256 is zero-padded
@@ -43,7 +43,6 @@ from .launch import (
     launch_dkdv,
     launch_dq,
     launch_forward,
-    launch_preprocess,
     tuned_config,
 )
 from .tile_schedule import KernelMasks
@@ -218,12 +217,11 @@ def _backward_kernels(
     if native != head_dim:
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
     delta = torch.empty_like(lse)
-    launch_preprocess(o, do, delta)
-    if dlse is not None:
-        delta.sub_(dlse)  # δ' = δ − dlse: dS = P ∘ (dP − δ) + dlse·P
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
+    # its rows and stores it for the dK/dV kernel, so no separate δ launch.
+    launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o, dlse=dlse)
     launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params, **fit), masks)
-    launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks)
     if native != head_dim:
         return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
     return dq, dk, dv

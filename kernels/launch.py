@@ -180,14 +180,32 @@ def launch_dkdv(
 
 
 def launch_dq(
-    q, k, v, do, lse, delta, dq, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks | None = None
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    dq,
+    params: AttentionParams,
+    cfg: LaunchConfig,
+    masks: KernelMasks | None = None,
+    *,
+    o: torch.Tensor | None = None,
+    dlse: torch.Tensor | None = None,
 ) -> None:
+    """dq (B, H, Tq, D). Given the forward's output o, the kernel also computes delta = rowsum(dO ∘ O) − dlse
+    (dlse: an optional gradient of the returned LSE) and writes it for launch_dkdv, which must run after it;
+    without o, delta must hold it already (launch_preprocess)."""
     masks = masks or KernelMasks()
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
+    o_strides = o.stride() if o is not None else (0, 0, 0, 0)
+    dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
     flash_bwd_dq_kernel[(triton.cdiv(seq_len_q, cfg.block_m), batch * heads)](
-        q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        q, k, v, do, o, lse, dlse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *o_strides,
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
-        *_mask_args(masks, q, k, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
+        *_mask_args(masks, q, k, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, FUSED_DELTA=o is not None,
+        **_flags(q, params, cfg, masks),
     )  # fmt: skip
