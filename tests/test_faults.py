@@ -441,14 +441,13 @@ def test_flash_with_an_unsupported_head_dim_fails_before_any_data_is_read(tmp_pa
 
 
 def test_a_run_killed_during_checkpoint_saves_resumes_from_a_verified_checkpoint(tmp_path):
-    """Kill the trainer at several points of a save (as the temporary appears, and later into the write), each
-    time resuming the same run dir; every resume must start from a checkpoint that verifies, leave no
-    temporaries behind, and the final run must finish with every step logged once."""
+    """Kill the trainer at several points of a save (80 ms and 20 ms into the write, and as the temporary file
+    appears), each time resuming the same run dir: the checkpoint must always verify, the final run must remove
+    the killed saves' temporaries and log every step exactly once."""
     run_dir = tmp_path / "run"
     every_step = ["train.max_steps=400", "checkpoint.every=1", "log.every=1", "eval.every=0"]
     checkpoints = run_dir / "checkpoints"
-    killed_mid_save = 0
-    for attempt, delay in enumerate((0.0, 0.02, 0.08)):
+    for attempt, delay in enumerate((0.08, 0.02, 0.0)):  # the last kill, at once, leaves a temporary for sure
         overrides = [*every_step, *(["resume=auto"] if attempt else [])]
         proc = _start_training(run_dir, overrides)
         try:
@@ -457,9 +456,8 @@ def test_a_run_killed_during_checkpoint_saves_resumes_from_a_verified_checkpoint
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        killed_mid_save += bool(list(checkpoints.glob(f".{LATEST}.*.tmp")))  # a later delay may miss the save
-        verify_checkpoint(latest(run_dir))
-    assert killed_mid_save, "no kill landed during a save"
+        verify_checkpoint(latest(run_dir))  # a kill after the save's rename (longer delays) is as good
+    assert list(checkpoints.glob(f".{LATEST}.*.tmp")), "the last kill did not land during a save"
     step = load_checkpoint(latest(run_dir))["step"]
     proc = train(run_dir, *every_step, f"train.stop_at_step={step + 2}", "resume=auto")
     assert_ok(proc)
