@@ -22,9 +22,11 @@ from flashgpt.model.attention import check_head_dim, describe_masks, prepare_bac
 from flashgpt.model.hf import load_into
 from flashgpt.training.checkpoint import (
     LATEST,
+    CheckpointError,
     capture_rng_state,
     checkpoint_dir,
-    load_checkpoint,
+    last_good_checkpoint,
+    load_training_state,
     resolve_resume,
     restore_rng_state,
     save_checkpoint,
@@ -43,6 +45,8 @@ from flashgpt.training.failures import NonFiniteLossError, oom_request_gib
 from flashgpt.training.metrics import MetricsLogger
 from flashgpt.training.mfu import device_name, mfu, peak_flops_per_sec
 from flashgpt.training.profiling import StepProfiler
+from flashgpt.training.resume import apply_optimizer_settings, check_resume_config, optimizer_settings
+from flashgpt.training.run_dir import claim_run_dir
 from flashgpt.training.step import StepNumbers, TrainStep, build_model_and_optimizer, compile_model
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,7 @@ def run(cfg: DictConfig, run_dir: Path) -> str:
     try:
         # Under torchrun every rank composes its own run dir (${now:...} may differ by a second): use rank 0's.
         run_dir = Path(broadcast_object(str(run_dir), ctx))
+        claim_run_dir(run_dir, config.resume, config.overwrite, ctx.is_main)
         resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         return Trainer(config, resolved, run_dir, ctx).train()
     finally:
@@ -69,6 +74,11 @@ class Trainer:
         """Build data, model, optimizer and logger from `cfg` (resolved_cfg: the same, as saved in checkpoints)."""
         self.cfg, self.resolved_cfg, self.run_dir, self.ctx = cfg, resolved_cfg, run_dir, ctx
         device = ctx.device
+        # The checkpoint is verified and its config compared with this run's before any data or model is built.
+        resume_from = resolve_resume(cfg.resume, run_dir)
+        saved = load_training_state(resume_from) if resume_from else None
+        if saved:
+            check_resume_config(saved["config"], resolved_cfg, resume_from)
         self.grad_accum = grad_accum_steps(cfg.train, cfg.seq_len, ctx.world_size)
         self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * ctx.world_size
         if prepare_backend(cfg.attention.name, device):
@@ -97,7 +107,7 @@ class Trainer:
 
         self.step = 0
         self.last_checkpoint: Path | None = None
-        wandb_id = self._resume(resolve_resume(cfg.resume, run_dir))
+        wandb_id = self._resume(resume_from, saved)
         if cfg.extend_from is not None and self.step == 0:  # fresh: a resumed run continues its own checkpoint
             trained = (self.raw_model, self.optimizer, self.scheduler)
             self.step = extend_from_checkpoint(Path(cfg.extend_from), *trained, resolved_cfg, self.tokens_per_step)
@@ -136,22 +146,26 @@ class Trainer:
         documents = ", documents (data.document_mask)" if document_mask else ""
         log.info(f"attention masks: {describe_masks(cfg.attention, self.raw_model.block_layout)}{documents}")
 
-    def _resume(self, path: Path | None) -> str | None:
-        """Restore the full training state from `path`; returns the wandb run id to continue."""
+    def _resume(self, path: Path | None, state: dict[str, Any] | None) -> str | None:
+        """Restore the full training state loaded from `path`; returns the wandb run id to continue."""
         if path is None:
             if self.cfg.resume == "auto":
                 log.info(f"resume=auto: no checkpoint in {checkpoint_dir(self.run_dir)}, starting fresh")
             return None
-        state = load_checkpoint(path)
         rank_states = state["rank_states"]
         if len(rank_states) != self.ctx.world_size:
             raise ValueError(
                 f"{path} was written by {len(rank_states)} processes; resume it with the same number (now "
                 f"{self.ctx.world_size}) so every data shard and RNG stream continues where it stopped"
             )
-        self.raw_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        settings = optimizer_settings(self.optimizer)  # this run's hyperparameters, which the load overwrites
+        try:
+            self.raw_model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint {path} does not fit the model of this run: {error}") from error
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_optimizer_settings(self.optimizer, self.scheduler, settings)
         self.sampler.load_state_dict(rank_states[self.ctx.rank]["sampler"])
         restore_rng_state(rank_states[self.ctx.rank]["rng"])
         self.step = state["step"]
@@ -195,7 +209,7 @@ class Trainer:
                 self.last_val = self.evaluator.evaluate(self.raw_model)
             return self._finish("ok")
         except NonFiniteLossError as error:
-            last_good = str(self.last_checkpoint) if self.last_checkpoint else None
+            last_good = last_good_checkpoint(self.last_checkpoint)
             log.error(f"{error}; last good checkpoint: {last_good or 'none (no checkpoint was written yet)'}")
             return self._finish("nan", message=str(error), last_checkpoint=last_good)
         except torch.cuda.OutOfMemoryError as error:
