@@ -11,7 +11,6 @@ defines them; naive and sdpa apply them as its dense boolean mask, so every back
 comparisons between them are like for like. flash hands them to the kernel, which skips the tiles they remove.
 """
 
-import inspect
 import os
 import sys
 from dataclasses import dataclass, field
@@ -138,26 +137,13 @@ class FlashAttention(InnerAttention):
         from flashgpt.kernels import flash_attention
 
         self.flash_attention = flash_attention
-        self.kernel_masks = {"window_size", "document_ids", "block_mask"} & set(
-            inspect.signature(flash_attention).parameters
-        )
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: AttentionMask, dropout_p: float, scale: float
     ) -> Tensor:
-        masks = mask.extra_masks
-        missing = sorted(set(masks) - self.kernel_masks - {"block_size"})
-        if missing:
-            raise ValueError(
-                f"attention=flash: this kernel does not take {', '.join(missing)} yet; use attention=sdpa or "
-                "attention=naive, which apply every mask"
-            )
-        if q.size(-2) != k.size(-2) and not self.kernel_masks:
-            raise ValueError(
-                f"attention=flash: this kernel needs as many queries as keys (got {q.size(-2)} and {k.size(-2)}); "
-                "decode with attention=sdpa or attention=naive"
-            )
-        return self.flash_attention(q, k, v, causal=mask.causal, dropout_p=dropout_p, softmax_scale=scale, **masks)
+        return self.flash_attention(
+            q, k, v, causal=mask.causal, dropout_p=dropout_p, softmax_scale=scale, **mask.extra_masks
+        )
 
 
 class SdpaAttention(InnerAttention):
