@@ -39,7 +39,8 @@ class AttentionConfig:
     # A named block-sparse pattern (model/sparsity.py), e.g. attention.block_sparse.pattern=strided
     # attention.block_sparse.density=0.1; its pattern null (the default): dense.
     block_sparse: BlockSparseConfig = field(default_factory=BlockSparseConfig)
-    block_size: int = 128  # tokens per block of the block-sparse pattern
+    # Tokens per block of the block-sparse pattern; with a multiple of 16 the kernel keeps or drops whole tiles.
+    block_size: int = 128
 
 
 @dataclass(frozen=True, eq=False)
