@@ -461,7 +461,8 @@ def test_a_short_masked_run_trains_and_its_checkpoint_writes_text(tmp_path):
     log = proc.stdout + proc.stderr
     expected_log = "attention masks: causal, window 24, block-sparse strided(stride=2, local_blocks=2), blocks of 16"
     assert expected_log in log and "documents (data.document_mask)" in log
-    assert read_result(run_dir)["status"] == "ok"
+    result = read_result(run_dir)
+    assert result["status"] == "ok" and result["attention_masks"] in log
 
     checkpoint = run_dir / "checkpoints" / "latest.pt"
     model, config = sample.load_model(checkpoint, "naive", torch.device("cpu"))

@@ -144,7 +144,8 @@ class Trainer:
             f"device {device_name(device)}"
         )
         documents = ", documents (data.document_mask)" if document_mask else ""
-        log.info(f"attention masks: {describe_masks(cfg.attention, self.raw_model.block_layout)}{documents}")
+        self.masks = describe_masks(cfg.attention, self.raw_model.block_layout) + documents
+        log.info(f"attention masks: {self.masks}")
 
     def _resume(self, path: Path | None, state: dict[str, Any] | None) -> str | None:
         """Restore the full training state loaded from `path`; returns the wandb run id to continue."""
@@ -301,6 +302,7 @@ class Trainer:
             "device": device_name(self.ctx.device),
             "world_size": self.ctx.world_size,
             "compile": self.cfg.compile,
+            "attention_masks": self.masks,
             "val/loss": self.last_val.get("val/loss"),
             "val/ppl": self.last_val.get("val/ppl"),
             "perf/tokens_per_sec": tokens_per_sec,
