@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every published GPU number in one place: the commands behind README.md's and docs/benchmarks.md's tables, in
+# parts that each fit a 10-minute GPU job. Run from the repository root on a CUDA machine; results go to $OUT
+# (default results/gpu-<date>). hydra/omegaconf/wandb must be importable for the train.py parts
+# (`pip install -e ".[train]"`, or the wheels of ../shared/tools/gpu-wheels.sh on a machine without network).
+#
+#   bash scripts/gpu_benchmarks.sh kernels   # attention kernel vs cuDNN / FlashAttention-2, D = 64 and 128, dropout 0 / 0.1,
+#                                            # host time per call, and the GPU check at head dims 40..256
+#   bash scripts/gpu_benchmarks.sh masks     # masked kernel vs compiled FlexAttention at T = 4K, 16K
+#   bash scripts/gpu_benchmarks.sh train     # train.py's step (naive/flash/sdpa) vs a compiled nanoGPT-style step
+#   bash scripts/gpu_benchmarks.sh masks64k  # GPT-2 124M at 64K: dense, sliding window, documents, block-sparse
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-results/gpu-$(date +%F)}
+mkdir -p "$OUT"
+case "${1:?part: kernels | masks | train | masks64k}" in
+  kernels)
+    python scripts/bench_attention.py --provider flash,sdpa_cudnn,sdpa_flash --head-dims 64,128 --dropout 0,0.1 \
+      --out "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log"
+    python scripts/bench_attention.py --check-only --head-dims 40,80,96,160,256 --out "$OUT/check_head_dims.json" \
+      2>&1 | tee "$OUT/check_head_dims.log"
+    ;;
+  masks)
+    python scripts/bench_masks.py --seq-lens 4096,16384 --out "$OUT/bench_masks.json" 2>&1 | tee "$OUT/bench_masks.log"
+    ;;
+  train)
+    python scripts/bench_train.py --providers reference,flash,sdpa --seq-lens 1024,4096,16384 --dropout 0,0.1 \
+      --budget-min 9 --out "$OUT/bench_train.json" 2>&1 | tee "$OUT/bench_train.log"
+    ;;
+  masks64k)
+    for spec in "dense|" "window4k|attention.window_size=4096" "docmask|data.document_mask=true" \
+      "strided10|attention.block_sparse.pattern=strided attention.block_sparse.density=0.1"; do
+      name=${spec%%|*}
+      # shellcheck disable=SC2086  # the overrides are words
+      python train.py experiment=long_context_masks ${spec#*|} wandb.mode=disabled hydra.run.dir="/tmp/masks64k/$name" \
+        > "/tmp/masks64k-$name.log" 2>&1 || tail -20 "/tmp/masks64k-$name.log"
+      cp "/tmp/masks64k/$name/result.json" "$OUT/masks64k-$name.json"
+    done
+    ;;
+  *) echo "unknown part $1" >&2; exit 2 ;;
+esac
