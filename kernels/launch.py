@@ -175,7 +175,8 @@ def launch_dkdv(
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
-        *_mask_args(masks, q, k, cfg, "bwd_dkdv"), **_flags(q, params, cfg, masks),
+        *_mask_args(masks, q, k, cfg, "bwd_dkdv"), DENSE=not masks.any and seq_len_q == seq_len_k,
+        **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
