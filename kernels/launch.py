@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from .dropout import keep_scale, keep_threshold
+from .fast_launch import FastLauncher
 from .flash_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess_kernel
 from .flash_fwd import flash_fwd_kernel
 from .tile_schedule import KernelMasks
@@ -24,6 +24,24 @@ PREPROCESS_BLOCK_M = 128
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉. triton.cdiv is a constexpr function, whose call wrapper costs ~10 µs of host time per grid."""
+    return -(-a // b)
+
+
+@functools.cache
+def _fast_launcher(kernel) -> FastLauncher:
+    return FastLauncher(kernel)
+
+
+def _launch(kernel, grid: tuple[int, int], *args, **constexprs) -> None:
+    """kernel[grid](*args, **constexprs); on a GPU through `FastLauncher`, which skips Triton's per-call binding."""
+    if interpreting():
+        kernel[grid](*args, **constexprs)
+    else:
+        _fast_launcher(kernel)(grid, *args, **constexprs)
 
 
 @dataclass(frozen=True)
@@ -150,7 +168,8 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     qk_scale, *rng = params.scalars()
-    flash_fwd_kernel[(triton.cdiv(seq_len_q, cfg.block_m), batch * heads)](
+    _launch(
+        flash_fwd_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads, seq_len_q, seq_len_k, qk_scale, *rng,
         *_mask_args(masks, q, k, cfg, "fwd"), EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
@@ -160,7 +179,7 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
 def launch_preprocess(o, do, delta) -> None:
     """delta (B, H, Tq) fp32 = rowsum(dO ∘ O)."""
     batch, heads, seq_len, head_dim = o.shape
-    flash_bwd_preprocess_kernel[(triton.cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads)](
+    flash_bwd_preprocess_kernel[(_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads)](
         o, do, delta, *o.stride(), *do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M
     )
 
@@ -171,8 +190,8 @@ def launch_dkdv(
     masks = masks or KernelMasks()
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
-    flash_bwd_dkdv_kernel[(triton.cdiv(seq_len_k, cfg.block_n), batch * heads)](
-        q, k, v, do, lse, delta, dk, dv,
+    _launch(
+        flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
         *_mask_args(masks, q, k, cfg, "bwd_dkdv"), DENSE=not masks.any and seq_len_q == seq_len_k,
@@ -203,8 +222,8 @@ def launch_dq(
     seq_len_k = k.shape[2]
     o_strides = o.stride() if o is not None else (0, 0, 0, 0)
     dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
-    flash_bwd_dq_kernel[(triton.cdiv(seq_len_q, cfg.block_m), batch * heads)](
-        q, k, v, do, o, lse, dlse, delta, dq,
+    _launch(
+        flash_bwd_dq_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *o_strides,
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
         *_mask_args(masks, q, k, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, FUSED_DELTA=o is not None,
