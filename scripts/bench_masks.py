@@ -466,18 +466,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "check": check,
         "rows": [],
     }
+    path = out_path(args.out, device, date) if cuda or args.out is not None else None
+
+    def write() -> None:  # after the check and after every T, so a job killed at its time limit keeps its rows
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(report, indent=1) + "\n")
+
+    write()
     if cuda and not args.check_only:
         for seq_len in args.seq_lens:
             report["rows"] += [asdict(r) for r in bench_seq_len(seq_len, args.masks, args.providers, profile)]
+            write()
         print("\n" + markdown_table(report["rows"]))
-    report["seconds"] = round(time.perf_counter() - started, 1)
-    if cuda or args.out is not None:
-        path = out_path(args.out, device, date)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {path}")
-    else:
-        print(f"no CUDA: checks only ({report['seconds']} s), nothing written")
+    print(f"wrote {path}" if path is not None else f"no CUDA: checks only ({report['seconds']} s), nothing written")
     return 0 if check is None or check["passed"] else 1
 
 
