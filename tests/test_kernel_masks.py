@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from attention_reference import reference_attention, rel_err
 from flashgpt.kernels import flash_attention
-from flashgpt.kernels.dropout import keep_scale
 from flashgpt.kernels.interface import flash_attention_backward, flash_attention_forward
 from flashgpt.kernels.launch import AttentionParams, tuned_config
 from flashgpt.model.masks import dense_mask
@@ -65,25 +65,6 @@ def make_masks(name: str, batch: int, heads: int, seq_len_q: int, seq_len_k: int
 
 def visibility(q: torch.Tensor, k: torch.Tensor, causal: bool, masks: dict) -> torch.Tensor:
     return dense_mask(q.shape[2], k.shape[2], causal=causal, **masks)
-
-
-def reference_attention(q, k, v, visible, *, scale=None, keep=None, dropout_p=0.0):
-    """softmax(q·kᵀ·scale, over visible keys)·v in float64; rows with no visible key give o = 0, lse = −inf."""
-    q, k, v = (t.double() for t in (q, k, v))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    # exp(s − lse) with lse = 0 on empty rows: exp(−inf) = 0, so no NaN reaches the gradients.
-    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
-    if keep is not None:
-        p = p * keep * keep_scale(dropout_p)
-    return p @ v, lse
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    diff = (actual.double() - expected.double()).norm().item()
-    norm = expected.double().norm().item()
-    return diff / norm if norm > 0 else diff
 
 
 def make_qkv(batch, heads, seq_len_q, seq_len_k, head_dim, dtype=torch.float32):

@@ -8,9 +8,10 @@ functionalisation, the joint graph and its partitioning) without generating code
 import pytest
 import test_kernels
 import torch
-from test_kernels import FP32_TOL, make_qkv, recover_keep_mask, reference_attention, rel_err
+from test_kernels import FP32_TOL, make_qkv, recover_keep_mask
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from attention_reference import reference_attention, rel_err
 from flashgpt.kernels import flash_attention
 from flashgpt.kernels.interface import _draw_rng_state, flash_attention_backward, flash_attention_forward
 

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attention_reference import reference_attention, rel_err
 from flashgpt.kernels import flash_attention
 from flashgpt.kernels.dropout import dropout_keep_mask, effective_dropout_p, keep_scale, keep_threshold
 
@@ -26,29 +27,6 @@ def seed() -> int:
     value = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(value)
     return value
-
-
-def reference_attention(q, k, v, *, causal: bool, scale: float | None = None, keep: torch.Tensor | None = None,
-                        dropout_p: float = 0.0):  # fmt: skip
-    """softmax(q·kᵀ·scale + mask)·v in float64; `keep` applies a given dropout mask. Returns (o, lse)."""
-    q, k, v = (t.double() for t in (q, k, v))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = q @ k.transpose(-1, -2) * scale
-    if causal:
-        t = q.shape[2]
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1)
-    if keep is not None:
-        p = p * keep * keep_scale(dropout_p)
-    return p @ v, lse
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """‖a − b‖ / ‖b‖, or ‖a‖ where b is exactly zero (T = 1 has zero score gradients)."""
-    diff = (actual.double() - expected.double()).norm().item()
-    norm = expected.double().norm().item()
-    return diff / norm if norm > 0 else diff
 
 
 def make_qkv(batch: int, heads: int, seq_len: int, head_dim: int, layout: str, dtype=torch.float32):

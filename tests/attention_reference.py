@@ -1,0 +1,34 @@
+"""The float64 attention reference every kernel test compares with, and the error measure they share."""
+
+import math
+
+import torch
+
+from flashgpt.kernels.dropout import keep_scale
+from flashgpt.model.masks import dense_mask
+
+
+def reference_attention(q, k, v, visible=None, *, causal: bool = False, scale: float | None = None,
+                        keep: torch.Tensor | None = None, dropout_p: float = 0.0):  # fmt: skip
+    """softmax(q·kᵀ·scale over visible keys)·v in float64, with `keep` as a given dropout mask. Returns (o, lse).
+
+    `visible` is a boolean mask broadcastable to (B, H, Tq, Tk) (`dense_mask`); without it, `causal` builds one.
+    Rows with no visible key give o = 0 and lse = −inf."""
+    q, k, v = (t.double() for t in (q, k, v))
+    if visible is None:
+        visible = dense_mask(q.shape[2], k.shape[2], causal=causal)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    # exp(s − lse) with lse = 0 on empty rows: exp(−inf) = 0, so no NaN reaches the gradients.
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    if keep is not None:
+        p = p * keep * keep_scale(dropout_p)
+    return p @ v, lse
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖, or ‖a‖ where b is exactly zero (T = 1 has zero score gradients)."""
+    diff = (actual.double() - expected.double()).norm().item()
+    norm = expected.double().norm().item()
+    return diff / norm if norm > 0 else diff
