@@ -70,25 +70,35 @@ def _check_sha256(path: Path, expected: str) -> None:
         raise ValueError(f"{path} has sha256 {actual}, expected {expected}; delete it and run again.")
 
 
-def kjv_debs(download_dir: Path) -> dict[str, Path]:
-    """The .deb files of KJV_PACKAGES (package name -> file), fetched with `apt-get download` if absent."""
-    missing = [package for package in KJV_PACKAGES if not _find_deb(download_dir, package)]
+def apt_debs(download_dir: Path, packages: tuple[str, ...], what: str, how_to: str) -> dict[str, Path]:
+    """The .deb file of each package (package name -> path) in download_dir, fetched with `apt-get download` if
+    absent. `what` says in errors what needs the packages, `how_to` how to provide them by hand."""
+    missing = [package for package in packages if not _find_deb(download_dir, package)]
     if missing:
-        how_to = (
-            f"On a Debian/Ubuntu machine run `apt-get download {' '.join(KJV_PACKAGES)}` "
-            f"and copy the .deb files to {download_dir}."
-        )
         if shutil.which("apt-get") is None:
-            raise FileNotFoundError(f"the KJV Bible comes from Debian packages; apt-get is missing. {how_to}")
+            raise FileNotFoundError(f"{what} comes from Debian packages and apt-get is missing. {how_to}")
         download_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=download_dir) as tmp:
             command = ["apt-get", "download", *missing]
             result = subprocess.run(command, cwd=tmp, capture_output=True, text=True)
             if result.returncode != 0:
-                raise FileNotFoundError(f"`{' '.join(command)}` failed:\n{result.stderr}\n{how_to}")
+                raise FileNotFoundError(f"`{' '.join(command)}` failed:\n{result.stderr[-2000:]}\n{how_to}")
             for deb in Path(tmp).glob("*.deb"):
                 os.replace(deb, download_dir / deb.name)
-    return {package: verified_deb(_find_deb(download_dir, package)) for package in KJV_PACKAGES}
+    found = {package: _find_deb(download_dir, package) for package in packages}
+    if not all(found.values()):
+        raise FileNotFoundError(f"apt-get download left no .deb for {[p for p, f in found.items() if not f]}")
+    return found
+
+
+def kjv_debs(download_dir: Path) -> dict[str, Path]:
+    """The .deb files of KJV_PACKAGES (package name -> file), fetched if absent and checked against known hashes."""
+    how_to = (
+        f"On a Debian/Ubuntu machine run `apt-get download {' '.join(KJV_PACKAGES)}` "
+        f"and copy the .deb files to {download_dir}."
+    )
+    debs = apt_debs(download_dir, KJV_PACKAGES, "the KJV Bible", how_to)
+    return {package: verified_deb(deb) for package, deb in debs.items()}
 
 
 def verified_deb(path: Path) -> Path:

@@ -16,16 +16,14 @@ in sympy, a package with its `tests/` and `benchmarks/` (`sympy/polys/` and `sym
 modules of one package, which share their names and idioms, never sit on both sides of the split.
 """
 
-import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from flashgpt.data.fetch import pypi_sdist, sha256_of
+from flashgpt.data.fetch import apt_debs, pypi_sdist, sha256_of
 
 STDLIB_PACKAGES = ("libpython3.11-minimal", "libpython3.11-stdlib", "libpython3.11-testsuite")
 LIBRARY_ROOT = PurePosixPath("usr/lib/python3.11")
@@ -36,33 +34,11 @@ MIN_FILES = 1400
 
 def stdlib_debs(download_dir: Path) -> dict[str, Path]:
     """The .deb file of each of STDLIB_PACKAGES (package name -> path), fetched with `apt-get download` if absent."""
-    missing = [package for package in STDLIB_PACKAGES if not _find_deb(download_dir, package)]
-    if missing:
-        how_to = (
-            f"On a Debian 12 machine run `apt-get download {' '.join(STDLIB_PACKAGES)}` and copy the .deb files "
-            f"to {download_dir}."
-        )
-        if shutil.which("apt-get") is None:
-            raise FileNotFoundError(f"data=python_stdlib reads Debian packages and apt-get is missing. {how_to}")
-        download_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=download_dir) as tmp:
-            command = ["apt-get", "download", *missing]
-            result = subprocess.run(command, cwd=tmp, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise FileNotFoundError(f"`{' '.join(command)}` failed:\n{result.stderr[-2000:]}\n{how_to}")
-            for deb in Path(tmp).glob("*.deb"):
-                os.replace(deb, download_dir / deb.name)
-    found = {package: _find_deb(download_dir, package) for package in STDLIB_PACKAGES}
-    if not all(found.values()):
-        raise FileNotFoundError(f"apt-get download left no .deb for {[p for p, f in found.items() if not f]}")
-    return found
-
-
-def _find_deb(download_dir: Path, package: str) -> Path | None:
-    # apt-get names a file <package>_<version>_<arch>.deb; of several versions put there by hand the last by name
-    # is read, and meta.json records which.
-    matches = sorted(download_dir.glob(f"{package}_*.deb"))
-    return matches[-1] if matches else None
+    how_to = (
+        f"On a Debian 12 machine run `apt-get download {' '.join(STDLIB_PACKAGES)}` and copy the .deb files "
+        f"to {download_dir}."
+    )
+    return apt_debs(download_dir, STDLIB_PACKAGES, "data=python_stdlib", how_to)
 
 
 def stdlib_sources(debs: dict[str, Path]) -> tuple[dict[str, str], int]:
