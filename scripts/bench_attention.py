@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from cli import command_line, csv_list  # scripts/ is on sys.path when run as a script
+from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -661,11 +661,6 @@ def out_path(out: Path | None, name: str, date: str) -> Path:
     return (out or ROOT / "results" / "bench_attention") / f"{slug}-{date}.json"
 
 
-def _write_json(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -692,19 +687,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host_overhead": None,
         "rows": [],
     }
-    _write_json(out, report)
+    write_json(out, report)
     if not args.check_only and args.host_calls > 0:
         calls = args.host_calls if cuda else 1  # the interpreter: a smoke test only
         report["host_overhead"] = host_overhead(args.provider, profile, calls)
-        _write_json(out, report)
+        write_json(out, report)
     if not args.check_only:
         for row in bench_rows(args, profile, cuda_timer if cuda else cpu_timer):
             print(_progress(row), flush=True)
             report["rows"].append(asdict(row))
-            _write_json(out, report)
+            write_json(out, report)
         print("\n" + markdown_tables(report["rows"], anchors_for(name, str(profile.dtype), profile.tokens_per_call)))
     report["complete"] = True
-    _write_json(out, report)
+    write_json(out, report)
     print(f"wrote {out}")
     failed = report["check"] is not None and not report["check"]["passed"]
     if failed:

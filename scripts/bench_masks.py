@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import math
 import os
 import re
@@ -42,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from cli import command_line, csv_list  # scripts/ is on sys.path when run as a script
+from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
 from torch import Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -471,8 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def write() -> None:  # after the check and after every T, so a job killed at its time limit keeps its rows
         report["seconds"] = round(time.perf_counter() - started, 1)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(report, indent=1) + "\n")
+            write_json(path, report)
 
     write()
     if cuda and not args.check_only:

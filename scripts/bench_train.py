@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from cli import command_line, csv_list  # scripts/ is on sys.path when run as a script
+from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
 from nanogpt_reference import ReferenceConfig, reference_step
 from torch import Tensor
 
@@ -247,11 +247,6 @@ def _ratio(num: dict | None, den: dict | None) -> float | None:
     return num["tokens_per_sec"] / den["tokens_per_sec"]
 
 
-def _write_json(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -284,9 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             longest = max(longest, row["seconds"])
         print(json.dumps(row), flush=True)
         report["rows"].append(row)
-        _write_json(out, report)
+        write_json(out, report)
     report["complete"] = all(r["status"] != "not run" for r in report["rows"])
-    _write_json(out, report)
+    write_json(out, report)
     print("\n" + markdown_tables(report["rows"]))
     print(f"wrote {out}")
     return 1 if any(r["status"] == "error" for r in report["rows"]) else 0
