@@ -32,3 +32,11 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     diff = (actual.double() - expected.double()).norm().item()
     norm = expected.double().norm().item()
     return diff / norm if norm > 0 else diff
+
+
+def lse_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |a − b| / (|b| + 1) over the rows. A row's fp32 LSE error is a few ulps of the terms it is summed from
+    (Σ|q_i·k_i|·scale, a few units for unit-variance inputs, and log l), not of the LSE itself, which can be ~0
+    (T = 1: one score), where ‖a − b‖ / ‖b‖ is unbounded; relative to |b| + 1 it stays ~1e-7."""
+    a, b = actual.double(), expected.double()
+    return ((a - b).abs() / (b.abs() + 1)).max().item()
