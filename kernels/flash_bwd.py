@@ -8,11 +8,16 @@ With S = Q·Kᵀ·scale, P = softmax(S) = exp(S − LSE), dropout keep-mask Z an
     dS = P ∘ (dP − δ),        δ = rowsum(dP ∘ P) = rowsum(dO ∘ O)
     dQ = scale · dS·K,        dK = scale · dSᵀ·Q
 
-P and Z are recomputed tile by tile from Q, K, the LSE and the dropout seed. Two kernels split the work so that
-every sum has a single owner and runs in a fixed order (deterministic, no float atomics): one program per key
-tile accumulates its dK and dV over query tiles, one program per query tile accumulates its dQ over key tiles.
-The price is recomputing S and dP in both, 7 matrix products instead of 5. δ is computed once per query row:
-by the dQ kernel (FUSED_DELTA), which runs first and stores it for the dK/dV kernel, or by the preprocess below.
+P and Z are recomputed tile by tile from Q, K, the LSE and the dropout seed. Two schedules:
+
+- fused (5 matrix products per tile pair, 3 launches): the preprocess computes δ and zeroes an fp32 dQ
+  accumulator; one program per key tile walks the query tiles that see it, accumulates dK and dV in registers and
+  adds each tile's dS·K to the accumulator (DQ_REDUCE: element-wise atomics, or a bulk tensor reduce-add on
+  Hopper); the convert kernel scales and casts dQ. Float atomics sum in whatever order programs arrive, so dQ
+  varies in its last bits from run to run; the dropout mask is drawn once per tile pair.
+- deterministic (7 products, 2 launches): every sum has a single owner and runs in a fixed order. One program per
+  query tile accumulates its dQ over key tiles and stores δ (FUSED_DELTA); then one program per key tile
+  accumulates its dK and dV over query tiles. The price is recomputing S and dP (and the dropout mask) in both.
 
 Masks (see `masks.py`) bound the loops exactly as in the forward: the dK/dV program of a key tile visits only the
 query tiles that can see it. A masked element has P = 0, so it adds nothing to any sum; a query row that saw no
@@ -42,7 +47,9 @@ LOG2E = tl.constexpr(1.4426950408889634)
 def flash_bwd_preprocess_kernel(
     O,
     DO,
+    DLSE,
     Delta,
+    DQAcc,
     stride_ob,
     stride_oh,
     stride_ot,
@@ -56,7 +63,8 @@ def flash_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """δ = rowsum(dO ∘ O), in fp32, one value per query row (for callers that launch dK/dV first)."""
+    """Before the fused dK/dV/dQ pass: δ' = rowsum(dO ∘ O) − dlse in fp32 per query row (dlse: the gradient of the
+    returned LSE, or None), and zeros in this program's rows of the fp32 dQ accumulator (if given)."""
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
@@ -68,7 +76,45 @@ def flash_bwd_preprocess_kernel(
     o = tl.load(o_ptrs + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
     do = tl.load(do_ptrs + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + bh.to(tl.int64) * seq_len + offs_m, delta, mask=row_ok)
+    row = bh.to(tl.int64) * seq_len + offs_m
+    if DLSE is not None:
+        delta -= tl.load(DLSE + row, mask=row_ok, other=0.0)
+    tl.store(Delta + row, delta, mask=row_ok)
+    if DQAcc is not None:
+        zeros = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+        tl.store(DQAcc + row[:, None] * HEAD_DIM + offs_d[None, :], zeros, mask=row_ok[:, None])
+
+
+@triton.jit
+def flash_bwd_dq_convert_kernel(
+    DQAcc,
+    DQ,
+    stride_dqb,
+    stride_dqh,
+    stride_dqt,
+    stride_dqd,
+    n_heads,
+    seq_len,
+    softmax_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """After the fused pass: dQ = scale · (the fp32 sum of dS·K over key tiles), cast to dQ's dtype."""
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    row = bh.to(tl.int64) * seq_len + offs_m
+    dq = tl.load(DQAcc + row[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    dq = dq * tl.cast(softmax_scale, tl.float32)
+    dq_ptrs = head_start(DQ, b, h, stride_dqb, stride_dqh)
+    tl.store(
+        dq_ptrs + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,
+        dq.to(DQ.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
 
 
 @triton.jit
@@ -80,6 +126,7 @@ def _dkdv_tile(
     k_doc,
     qT_ptrs,
     do_ptrs,
+    dq_head,
     lse_row,
     delta_row,
     doc_row,
@@ -109,6 +156,7 @@ def _dkdv_tile(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    DQ_REDUCE: tl.constexpr,
 ):
     """Accumulate dK, dV of one key tile over the query tile at start_m, in the transposed (key-major) layout."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -154,8 +202,21 @@ def _dkdv_tile(
     else:
         pT_dropped = pT
     dv += tl.dot(pT_dropped.to(do.dtype), do, input_precision=INPUT_PRECISION)
-    dsT = pT * (dpT - delta[None, :])
-    dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=INPUT_PRECISION)
+    dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
+    dk += tl.dot(dsT, tl.trans(qT), input_precision=INPUT_PRECISION)
+    if DQ_REDUCE != "none":
+        # This tile's share of dQ = dS·K (unscaled), added to the fp32 accumulator that other key tiles also
+        # add to: the fifth product, instead of recomputing S and dP in a separate dQ pass.
+        head_dim: tl.constexpr = k.shape[1]
+        dq = tl.dot(tl.trans(dsT), k, input_precision=INPUT_PRECISION)  # (BLOCK_M, D)
+        if DQ_REDUCE == "tma":  # one bulk tensor reduce-add of the tile; rows past Tq are clipped by the descriptor
+            dq_head.atomic_add([bh, start_m, 0], tl.reshape(dq, (1, BLOCK_M, head_dim)))
+        else:
+            dq_ptrs = dq_head + offs_m[:, None] * head_dim + tl.arange(0, head_dim)[None, :]
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=row_ok[:, None], sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
@@ -168,6 +229,7 @@ def _dkdv_tiles(
     k_doc,
     q_head,
     do_head,
+    dq_head,
     lse_row,
     delta_row,
     doc_row,
@@ -205,6 +267,7 @@ def _dkdv_tiles(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    DQ_REDUCE: tl.constexpr,
 ):
     """Query tiles starting at lo, lo + BLOCK_M, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1]."""
     if INDEXED:
@@ -214,10 +277,10 @@ def _dkdv_tiles(
             qT_ptrs = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
             do_ptrs = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
             dk, dv = _dkdv_tile(
-                dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, lse_row, delta_row, doc_row, block_row, stride_block_row,
-                offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
-                offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
-                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+                dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, dq_head, lse_row, delta_row, doc_row, block_row,
+                stride_block_row, offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
+                offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS,
+                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
             )  # fmt: skip
     else:
         offs_m = lo + tl.arange(0, BLOCK_M)
@@ -226,10 +289,10 @@ def _dkdv_tiles(
         for start_m in range(lo, hi, BLOCK_M):
             start_m = tl.multiple_of(start_m, BLOCK_M)
             dk, dv = _dkdv_tile(
-                dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, lse_row, delta_row, doc_row, block_row, stride_block_row,
-                offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo,
-                offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
-                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+                dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, dq_head, lse_row, delta_row, doc_row, block_row,
+                stride_block_row, offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
+                offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS,
+                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
             )  # fmt: skip
             qT_ptrs += BLOCK_M * stride_qt
             do_ptrs += BLOCK_M * stride_dot
@@ -245,6 +308,7 @@ def _dkdv_query_range(
     k_doc,
     q_head,
     do_head,
+    dq_head,
     lse_row,
     delta_row,
     doc_row,
@@ -284,6 +348,7 @@ def _dkdv_query_range(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    DQ_REDUCE: tl.constexpr,
 ):
     """Query tiles [lo, hi): a masked run (the causal diagonal band), the mask-free run inside [full_lo, full_hi),
     and a masked run (the end of a window, or the ragged last tile). Under a block mask, only the listed tiles."""
@@ -299,22 +364,22 @@ def _dkdv_query_range(
     else:
         run_0, run_1, run_2, run_3 = start, fast_lo, fast_hi, end
     dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
+        dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
         stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_0, run_1, seq_len_q, seq_len_k,
         window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
+        dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
         stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_1, run_2, seq_len_q, seq_len_k,
         window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+        False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
+        dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
         stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_2, run_3, seq_len_q, seq_len_k,
         window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
     )  # fmt: skip
     return dk, dv
 
@@ -327,6 +392,7 @@ def _dkdv_dense(
     v,
     q_head,
     do_head,
+    dq_head,
     lse_row,
     delta_row,
     stride_qt,
@@ -350,6 +416,7 @@ def _dkdv_dense(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    DQ_REDUCE: tl.constexpr,
 ):
     """No window, document or block mask and Tq == Tk: the causal diagonal band (masked), the mask-free bulk and
     the ragged last tile (masked), with bounds written out directly. `_dkdv_query_range` visits the same tiles, but
@@ -359,26 +426,26 @@ def _dkdv_dense(
     if CAUSAL:  # query rows above the band never see this key tile
         band_hi = tl.minimum(start_n + BLOCK_N, seq_len)
         dk, dv = _dkdv_tiles(
-            dk, dv, k, v, 0, q_head, do_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
+            dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
             stride_dot, stride_dod, offs_n, offs_d, start_n, start_n, band_hi, seq_len, seq_len, 0, qk_scale, bh,
             seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL,
-            False, False, False, 1, DROPOUT, UPCAST, INPUT_PRECISION,
+            False, False, False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
         )  # fmt: skip
         bulk_lo = start_n + BLOCK_N
     else:
         bulk_lo = 0
     bulk_hi = tl.maximum(bulk_lo, full_rows)
     dk, dv = _dkdv_tiles(
-        dk, dv, k, v, 0, q_head, do_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd, stride_dot,
-        stride_dod, offs_n, offs_d, start_n, bulk_lo, bulk_hi, seq_len, seq_len, 0, qk_scale, bh, seed, offset_lo,
-        offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, False, CAUSAL, False, False, False, 1,
-        DROPOUT, UPCAST, INPUT_PRECISION,
+        dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
+        stride_dot, stride_dod, offs_n, offs_d, start_n, bulk_lo, bulk_hi, seq_len, seq_len, 0, qk_scale, bh, seed,
+        offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, False, CAUSAL, False, False,
+        False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
-        dk, dv, k, v, 0, q_head, do_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd, stride_dot,
-        stride_dod, offs_n, offs_d, start_n, bulk_hi, seq_len, seq_len, seq_len, 0, qk_scale, bh, seed, offset_lo,
-        offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL, False, False, False, 1,
-        DROPOUT, UPCAST, INPUT_PRECISION,
+        dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
+        stride_dot, stride_dod, offs_n, offs_d, start_n, bulk_hi, seq_len, seq_len, seq_len, 0, qk_scale, bh, seed,
+        offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL, False, False,
+        False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
     )  # fmt: skip
     return dk, dv
 
@@ -393,6 +460,7 @@ def flash_bwd_dkdv_kernel(
     Delta,
     DK,
     DV,
+    DQAcc,
     stride_qb,
     stride_qh,
     stride_qt,
@@ -453,6 +521,7 @@ def flash_bwd_dkdv_kernel(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    DQ_REDUCE: tl.constexpr,
 ):
     # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
     softmax_scale = tl.cast(softmax_scale, tl.float32)
@@ -481,12 +550,24 @@ def flash_bwd_dkdv_kernel(
         v = v.to(tl.float32)
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    # DQ_REDUCE: this pass also adds dS·K into DQAcc, fp32 (B·H, Tq, D) contiguous, zeroed by the preprocess.
+    if DQ_REDUCE == "tma":
+        dq_head = tl.make_tensor_descriptor(
+            DQAcc,
+            shape=[tl.num_programs(1), seq_len_q, HEAD_DIM],
+            strides=[seq_len_q * HEAD_DIM, HEAD_DIM, 1],
+            block_shape=[1, BLOCK_M, HEAD_DIM],
+        )
+    elif DQ_REDUCE == "atomic":
+        dq_head = DQAcc + bh.to(tl.int64) * seq_len_q * HEAD_DIM
+    else:
+        dq_head = DQAcc  # None: dQ has its own pass
 
     if DENSE:
         dk, dv = _dkdv_dense(
-            dk, dv, k, v, q_head, do_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod, offs_n,
-            offs_d, start_n, seq_len_q, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale,
-            BLOCK_M, BLOCK_N, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION,
+            dk, dv, k, v, q_head, do_head, dq_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
+            offs_n, offs_d, start_n, seq_len_q, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
+            dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
         )  # fmt: skip
     else:
         # Only the query tiles that can see this key tile; query rows above the causal band are skipped.
@@ -511,11 +592,11 @@ def flash_bwd_dkdv_kernel(
             kept = KeptIndex
             block_row = BlockMask
         dk, dv = _dkdv_query_range(
-            dk, dv, k, v, k_doc, q_head, do_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
-            n_kept, stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, lo, hi, full_lo, full_hi,
-            seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
+            dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row,
+            kept, n_kept, stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, lo, hi, full_lo,
+            full_hi, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
             dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SPARSE, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST,
-            INPUT_PRECISION,
+            INPUT_PRECISION, DQ_REDUCE,
         )  # fmt: skip
 
     dk_head = head_start(DK, b, h, stride_dkb, stride_dkh)

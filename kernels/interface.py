@@ -40,9 +40,12 @@ from .dropout import check_dropout_p
 from .launch import (
     AttentionParams,
     interpreting,
+    is_hopper,
     launch_dkdv,
     launch_dq,
+    launch_dq_convert,
     launch_forward,
+    launch_preprocess,
     tuned_config,
 )
 from .tile_schedule import KernelMasks
@@ -131,6 +134,12 @@ def _kernel_masks(
     return masks, {"seq_len_k": k.shape[2], "block_size": block_size if block_mask is not None else None}
 
 
+def dq_reduce(q: Tensor) -> str:
+    """How the fused backward sums dQ: bulk tensor reduce-adds on Hopper, element-wise atomics elsewhere (and in the
+    interpreter, which has no tensor-descriptor reductions)."""
+    return "tma" if q.is_cuda and is_hopper(q.device) else "atomic"
+
+
 def _draw_rng_state() -> Tensor:
     """[seed, offset] of a dropout mask: 2 x 62 random bits from PyTorch's default CPU generator."""
     return torch.randint(0, 2**62, (2,), dtype=torch.int64)
@@ -167,8 +176,10 @@ def _forward(
     document_ids: Tensor | None = None,
     block_mask: Tensor | None = None,
     block_size: int = 128,
+    deterministic: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """o (B, H, Tq, D) and lse (B, H, Tq) fp32. Inputs are assumed checked (`flash_attention` does that)."""
+    """o (B, H, Tq, D) and lse (B, H, Tq) fp32. Inputs are assumed checked (`flash_attention` does that).
+    `deterministic` is for the backward (bit-identical gradients from run to run)."""
     batch, heads, seq_len, head_dim = q.shape
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
     masks, fit = _kernel_masks(k, window_size, document_ids, block_mask, block_size)
@@ -186,7 +197,7 @@ flash_attention_forward = torch.library.custom_op("flashgpt::flash_attention_for
 
 @flash_attention_forward.register_fake
 def _(q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size=None, document_ids=None, block_mask=None,
-      block_size=128):  # fmt: skip
+      block_size=128, deterministic=False):  # fmt: skip
     native = native_head_dim(q.shape[-1])
     o = torch.empty_like(q) if native == q.shape[-1] else _padded_empty(q, native)
     return o, q.new_empty(q.shape[:3], dtype=torch.float32)
@@ -208,6 +219,7 @@ def _backward_kernels(
     document_ids: Tensor | None = None,
     block_mask: Tensor | None = None,
     block_size: int = 128,
+    deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv from the output gradient `do` and, if not None, the log-sum-exp gradient `dlse`."""
     head_dim = q.shape[-1]
@@ -218,10 +230,19 @@ def _backward_kernels(
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
-    # its rows and stores it for the dK/dV kernel, so no separate δ launch.
-    launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o, dlse=dlse)
-    launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params, **fit), masks)
+    if deterministic:
+        # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
+        # its rows and stores it for the dK/dV kernel, so no separate δ launch.
+        launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o, dlse=dlse)
+        launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params, **fit), masks)
+    else:
+        dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+        launch_preprocess(o, do, delta, dlse, dq_acc)
+        launch_dkdv(
+            q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_fused", q, params, **fit), masks,
+            dq_acc=dq_acc, dq_reduce=dq_reduce(q),
+        )  # fmt: skip
+        launch_dq_convert(dq_acc, dq, params.softmax_scale)
     if native != head_dim:
         return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
     return dq, dk, dv
@@ -234,7 +255,7 @@ flash_attention_backward = torch.library.custom_op(
 
 @flash_attention_backward.register_fake
 def _(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale, window_size=None, document_ids=None,
-      block_mask=None, block_size=128):  # fmt: skip
+      block_mask=None, block_size=128, deterministic=False):  # fmt: skip
     native = native_head_dim(q.shape[-1])
     if native == q.shape[-1]:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -242,11 +263,13 @@ def _(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale, wi
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
-    q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size, document_ids, block_mask, block_size = inputs
+    q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size, document_ids, block_mask, block_size, det = (
+        inputs
+    )
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, rng_state, document_ids, block_mask)
     ctx.args = (causal, dropout_p, softmax_scale)
-    ctx.window_size, ctx.block_size = window_size, block_size
+    ctx.window_size, ctx.block_size, ctx.deterministic = window_size, block_size, det
     # An unused lse (the usual case) then arrives as None rather than a tensor of zeros to subtract.
     ctx.set_materialize_grads(False)
 
@@ -258,8 +281,8 @@ def _backward(ctx, do: Tensor | None, dlse: Tensor | None) -> tuple:
     # With create_graph the gradients must come from the operator, whose own backward refuses a second derivative.
     run = _backward_kernels if _plain_eager(do) and not torch.is_grad_enabled() else flash_attention_backward
     masks = (ctx.window_size, document_ids, block_mask, ctx.block_size)
-    dq, dk, dv = run(do, q, k, v, o, lse, dlse, rng_state, *ctx.args, *masks)
-    return dq, dk, dv, *[None] * 8
+    dq, dk, dv = run(do, q, k, v, o, lse, dlse, rng_state, *ctx.args, *masks, ctx.deterministic)
+    return dq, dk, dv, *[None] * 9
 
 
 def _refuse_double_backward(ctx, *grads) -> None:
@@ -308,6 +331,7 @@ def flash_attention(
     document_ids: Tensor | None = None,
     block_mask: Tensor | None = None,
     block_size: int = 128,
+    deterministic: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention softmax(q·kᵀ·scale + masks)·v with dropout on the probabilities, fused in Triton.
 
@@ -323,13 +347,21 @@ def flash_attention(
     scaled, masked scores. Differentiable in q, k and v, also through the returned lse. Dropout draws its seed from
     PyTorch's default generator, so `torch.manual_seed` makes it reproducible; its rate is rounded to a multiple
     of 1/256 (`dropout.effective_dropout_p`).
+    `deterministic`: True gives bit-identical dq, dk, dv from run to run (a backward whose every sum has one owner);
+    False the faster backward, whose dq is summed with float atomics (it varies in its last bits); None (default)
+    follows `torch.are_deterministic_algorithms_enabled()`.
     """
     _check_inputs(q, k, v, causal, dropout_p)
     _check_masks(q, k, window_size, document_ids, block_mask, block_size)
     rng_state = _draw_rng_state() if dropout_p > 0 else None
     scale = None if softmax_scale is None else float(softmax_scale)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    elif not isinstance(deterministic, bool):
+        raise TypeError(f"flash_attention: deterministic must be a bool or None, got {deterministic!r}")
     attention = _EagerFlashAttention.apply if _plain_eager(q) else flash_attention_forward
     o, lse = attention(
-        q, k, v, rng_state, causal, float(dropout_p), scale, window_size, document_ids, block_mask, block_size
-    )
+        q, k, v, rng_state, causal, float(dropout_p), scale, window_size, document_ids, block_mask, block_size,
+        deterministic,
+    )  # fmt: skip
     return (o, lse) if return_lse else o

@@ -10,10 +10,16 @@ import os
 from dataclasses import dataclass, replace
 
 import torch
+import triton
 
 from .dropout import keep_scale, keep_threshold
 from .fast_launch import FastLauncher
-from .flash_bwd import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess_kernel
+from .flash_bwd import (
+    flash_bwd_dkdv_kernel,
+    flash_bwd_dq_convert_kernel,
+    flash_bwd_dq_kernel,
+    flash_bwd_preprocess_kernel,
+)
 from .flash_fwd import flash_fwd_kernel
 from .tile_schedule import KernelMasks
 from .tuning import MIN_TILE, LaunchConfig, launch_config
@@ -77,6 +83,11 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
+def is_hopper(device: torch.device) -> bool:
+    """An H100/H200-class GPU (compute capability 9.x)."""
+    return _is_hopper(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def fit_tiles_to_blocks(cfg: LaunchConfig, block_size: int) -> LaunchConfig:
     """Shrink tiles so that both divide block_size: a tile then lies in one block of a block-sparse mask, which
     keeps or drops it whole, with no per-element lookup. Only when block_size is a multiple of the smallest tile;
@@ -97,7 +108,7 @@ def tuned_config(
 ) -> LaunchConfig:
     """The configuration for q and keys of length seq_len_k (default Tq); with the block_size of a block mask, tiles
     that fit it (`fit_tiles_to_blocks`)."""
-    hopper = q.is_cuda and _is_hopper(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    hopper = q.is_cuda and is_hopper(q.device)
     cfg = launch_config(
         kernel_pass,
         q.shape[-1],
@@ -176,26 +187,62 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
     )  # fmt: skip
 
 
-def launch_preprocess(o, do, delta) -> None:
-    """delta (B, H, Tq) fp32 = rowsum(dO ∘ O)."""
+def launch_preprocess(o, do, delta, dlse=None, dq_acc=None) -> None:
+    """delta (B, H, Tq) fp32 = rowsum(dO ∘ O) − dlse (dlse: an optional gradient of the returned LSE); zeroes
+    dq_acc (B, H, Tq, D) fp32 contiguous if given."""
     batch, heads, seq_len, head_dim = o.shape
-    flash_bwd_preprocess_kernel[(_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads)](
-        o, do, delta, *o.stride(), *do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M
-    )
+    dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
+    _launch(
+        flash_bwd_preprocess_kernel, (_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads), o, do, dlse, delta, dq_acc,
+        *o.stride(), *do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M,
+    )  # fmt: skip
+
+
+def launch_dq_convert(dq_acc, dq, softmax_scale: float) -> None:
+    """dq = softmax_scale · dq_acc, cast to dq's dtype (dq_acc: the fused pass's fp32 sums)."""
+    batch, heads, seq_len, head_dim = dq.shape
+    _launch(
+        flash_bwd_dq_convert_kernel, (_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads), dq_acc, dq, *dq.stride(),
+        heads, seq_len, softmax_scale, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M,
+    )  # fmt: skip
+
+
+@functools.cache
+def _set_tma_allocator() -> None:
+    """Descriptors built inside a kernel (tl.make_tensor_descriptor) live in scratch memory that Triton asks the
+    process-wide allocator for."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
 
 
 def launch_dkdv(
-    q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks | None = None
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    dk,
+    dv,
+    params: AttentionParams,
+    cfg: LaunchConfig,
+    masks: KernelMasks | None = None,
+    *,
+    dq_acc: torch.Tensor | None = None,
+    dq_reduce: str = "none",
 ) -> None:
+    """dk, dv (B, H, Tk, D); with dq_reduce "atomic" or "tma" also adds dS·K into dq_acc (B, H, Tq, D) fp32
+    contiguous, zeroed beforehand (`launch_preprocess`), through element-wise atomics or bulk tensor reduce-adds."""
     masks = masks or KernelMasks()
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
+    if dq_reduce == "tma":
+        _set_tma_allocator()
     _launch(
-        flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv,
+        flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
         *_mask_args(masks, q, k, cfg, "bwd_dkdv"), DENSE=not masks.any and seq_len_q == seq_len_k,
-        **_flags(q, params, cfg, masks),
+        DQ_REDUCE=dq_reduce, **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 

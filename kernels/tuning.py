@@ -13,9 +13,10 @@ from pathlib import Path
 
 TUNED_TABLE = Path(__file__).with_name("tuned_h100.json")
 SEQ_LEN_BUCKETS = (1024, 2048, 4096, 8192, 16384)
-PASSES = ("fwd", "bwd_dkdv", "bwd_dq")
+PASSES = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_fused")
 NATIVE_HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernels' HEAD_DIM; other head dims are zero-padded to one of these
 MIN_TILE = 16
+KEY_TILE_PASSES = ("bwd_dkdv", "bwd_fused")  # one program per key tile, walking query tiles
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class LaunchConfig:
         for tile in (self.block_m, self.block_n):
             if tile < MIN_TILE or tile & (tile - 1):
                 raise ValueError(f"{kernel_pass}: tile {tile} must be a power of two >= {MIN_TILE} ({self})")
-        big, small = (self.block_n, self.block_m) if kernel_pass == "bwd_dkdv" else (self.block_m, self.block_n)
+        big, small = (self.block_n, self.block_m) if kernel_pass in KEY_TILE_PASSES else (self.block_m, self.block_n)
         if big % small:
             raise ValueError(f"{kernel_pass}: tile {small} must divide tile {big} ({self})")
 
@@ -46,11 +47,15 @@ _DEFAULTS: dict[tuple[str, int], LaunchConfig] = {
     ("bwd_dq", 32): LaunchConfig(128, 32, 4, 3),
     ("bwd_dq", 64): LaunchConfig(128, 32, 4, 3),
     ("bwd_dq", 128): LaunchConfig(128, 32, 8, 3),
+    ("bwd_fused", 32): LaunchConfig(32, 128, 4, 3),
+    ("bwd_fused", 64): LaunchConfig(32, 128, 4, 3),
+    ("bwd_fused", 128): LaunchConfig(32, 128, 8, 3),
     # D = 256: a 64x256 bf16 tile is 32 KiB, so smaller tiles and fewer stages keep K/V (or Q/dO) buffers within
     # the ~100 KiB of shared memory of consumer GPUs, and 8 warps keep the 256-wide fp32 accumulators in registers.
     ("fwd", 256): LaunchConfig(64, 32, 8, 2),
     ("bwd_dkdv", 256): LaunchConfig(16, 32, 8, 1),
     ("bwd_dq", 256): LaunchConfig(32, 16, 8, 1),
+    ("bwd_fused", 256): LaunchConfig(16, 32, 8, 1),
 }
 _INTERPRETER = LaunchConfig(64, 32, 1, 1)
 
@@ -105,7 +110,7 @@ def _config_for_bucket(
     hopper: bool,
 ) -> LaunchConfig:
     if interpreting:
-        return _INTERPRETER if kernel_pass != "bwd_dkdv" else LaunchConfig(32, 64, 1, 1)
+        return LaunchConfig(32, 64, 1, 1) if kernel_pass in KEY_TILE_PASSES else _INTERPRETER
     if hopper:
         # fp16 tiles cost exactly what bf16 tiles cost, so fp16 shares the bf16 measurements.
         tuned_dtype = "bfloat16" if dtype == "float16" else dtype
