@@ -115,6 +115,11 @@ def flash(q: Tensor, k: Tensor, v: Tensor, p: float) -> Tensor:
     return _flash_kernel()(q, k, v, causal=True, dropout_p=p)
 
 
+def flash_deterministic(q: Tensor, k: Tensor, v: Tensor, p: float) -> Tensor:
+    """The backward whose gradients are bit-identical from run to run (7 products instead of 5, no atomics)."""
+    return _flash_kernel()(q, k, v, causal=True, dropout_p=p, deterministic=True)
+
+
 @functools.cache
 def _causal_mask(seq_len: int, device: torch.device) -> Tensor:
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
@@ -138,6 +143,7 @@ def _sdpa(backend: SDPBackend) -> AttentionFn:
 
 PROVIDERS: dict[str, AttentionFn] = {
     "flash": flash,
+    "flash_deterministic": flash_deterministic,
     "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
     "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa_mem_eff": _sdpa(SDPBackend.EFFICIENT_ATTENTION),

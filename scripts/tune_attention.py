@@ -1,12 +1,12 @@
 """Tune the FlashAttention launch configurations on this GPU and write the table `kernels/tuning.py` reads.
 
-Each pass (forward, backward dK/dV, backward dQ) is timed on its own, for every candidate tile shape, warp count
-and pipeline depth that fits the head dim, at the benchmark's shapes (B = 16384 // T, H·D = 768 up to D = 64 and
-2048 above, causal, bf16). Head dims are the kernels' native ones (16, 32, 64, 128, 256): `flash_attention` pads
-every other head dim to the next of these, and looks the padded one up. The fastest
-candidate per (pass, head dim, dtype, causal, dropout, T bucket) goes into the table, and the whole measurement
-into a JSON log (kernel time only: no autograd, no launch gaps). Candidates that do not compile (too much
-shared memory) are skipped.
+Each pass (forward, backward dK/dV, backward dQ, fused backward) is timed on its own, for every candidate tile
+shape, warp count and pipeline depth that fits the head dim, at the benchmark's shapes (B = 16384 // T, H·D = 768 up
+to D = 64 and 2048 above, causal, bf16). Head dims are the kernels' native ones (16, 32, 64, 128, 256):
+`flash_attention` pads every other head dim to the next of these, and looks the padded one up. The fastest candidate
+per (pass, head dim, dtype, causal, dropout, T bucket) goes into the table, and the whole measurement into a JSON
+log (kernel time only: no autograd, no launch gaps). Candidates that do not compile (too much shared memory) are
+skipped.
 
     python scripts/tune_attention.py --out kernels/tuned_h100.json --log results/tuning/h100.json
 """
@@ -26,7 +26,14 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flashgpt.kernels.launch import AttentionParams, launch_dkdv, launch_dq, launch_forward, launch_preprocess
+from flashgpt.kernels.launch import (
+    AttentionParams,
+    launch_dkdv,
+    launch_dq,
+    launch_dq_convert,
+    launch_forward,
+    launch_preprocess,
+)
 from flashgpt.kernels.tuning import NATIVE_HEAD_DIMS, LaunchConfig, table_key
 
 CANDIDATES: dict[str, list[LaunchConfig]] = {
@@ -55,6 +62,21 @@ CANDIDATES: dict[str, list[LaunchConfig]] = {
         LaunchConfig(16, 128, 4, 3),
         LaunchConfig(64, 64, 8, 3),
         LaunchConfig(32, 64, 8, 3),
+        LaunchConfig(16, 32, 8, 1),
+        LaunchConfig(16, 64, 8, 2),
+        LaunchConfig(32, 64, 8, 2),
+    ],
+    "bwd_fused": [
+        LaunchConfig(32, 128, 4, 3),
+        LaunchConfig(32, 128, 8, 3),
+        LaunchConfig(64, 128, 8, 3),
+        LaunchConfig(64, 128, 8, 2),
+        LaunchConfig(128, 128, 8, 2),
+        LaunchConfig(32, 64, 4, 3),
+        LaunchConfig(64, 64, 4, 3),
+        LaunchConfig(64, 64, 8, 3),
+        LaunchConfig(16, 64, 4, 4),
+        LaunchConfig(16, 128, 4, 3),
         LaunchConfig(16, 32, 8, 1),
         LaunchConfig(16, 64, 8, 2),
         LaunchConfig(32, 64, 8, 2),
@@ -96,9 +118,18 @@ def tflops(flops: float, ms: float) -> float:
 
 
 def tune_shape(
-    head_dim: int, seq_len: int, dropout_p: float, dtype: torch.dtype, passes: list[str], warmup: int, rep: int
+    head_dim: int,
+    seq_len: int,
+    dropout_p: float,
+    dtype: torch.dtype,
+    passes: list[str],
+    warmup: int,
+    rep: int,
+    dq_reduce: str,
 ) -> dict:
-    """Time every candidate of every pass at one shape; returns {pass: [(config, ms) ...]}."""
+    """Time every candidate of every pass at one shape; returns {pass: [(config, ms) ...]}. bwd_fused is timed with
+    the two small launches around it (δ and zeroing before, dQ's scale and cast after): the whole fused backward,
+    to compare with bwd_dq + bwd_dkdv."""
     batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
     q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=dtype) for _ in range(4))
     params = AttentionParams(True, dropout_p, 1 / math.sqrt(head_dim), seed=1234, offset=0)
@@ -106,12 +137,19 @@ def tune_shape(
     lse = torch.empty(batch, heads, seq_len, device="cuda", dtype=torch.float32)
     delta = torch.empty_like(lse)
     launch_forward(q, k, v, o, lse, params, CANDIDATES["fwd"][0])
+    dq_acc = torch.empty(q.shape, device="cuda", dtype=torch.float32)
     launch_preprocess(o, do, delta)
+
+    def fused(cfg: LaunchConfig) -> None:
+        launch_preprocess(o, do, delta, None, dq_acc)
+        launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg, dq_acc=dq_acc, dq_reduce=dq_reduce)
+        launch_dq_convert(dq_acc, dq, params.softmax_scale)
 
     runners = {
         "fwd": lambda cfg: launch_forward(q, k, v, o, lse, params, cfg),
         "bwd_dkdv": lambda cfg: launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg),
         "bwd_dq": lambda cfg: launch_dq(q, k, v, do, lse, delta, dq, params, cfg),
+        "bwd_fused": fused,
     }
     results = {}
     for kernel_pass in passes:
@@ -136,7 +174,10 @@ def main() -> None:
     parser.add_argument("--seq-lens", default="1024,2048,4096,8192,16384")
     parser.add_argument("--dropout", default="0,0.1")
     parser.add_argument(
-        "--passes", default="fwd,bwd_dkdv,bwd_dq", help="tune these; keep the table's entries for the others"
+        "--passes", default="fwd,bwd_dkdv,bwd_dq,bwd_fused", help="tune these; keep the table's entries for the others"
+    )
+    parser.add_argument(
+        "--dq-reduce", choices=("tma", "atomic"), default="tma", help="how bwd_fused sums dQ (tma: Hopper only)"
     )
     parser.add_argument("--warmup", type=int, default=10, help="ms")
     parser.add_argument("--rep", type=int, default=40, help="ms")
@@ -157,7 +198,7 @@ def main() -> None:
     for head_dim in head_dims:
         for dropout_p in map(float, args.dropout.split(",")):
             for seq_len in map(int, args.seq_lens.split(",")):
-                results = tune_shape(head_dim, seq_len, dropout_p, dtype, passes, args.warmup, args.rep)
+                results = tune_shape(head_dim, seq_len, dropout_p, dtype, passes, args.warmup, args.rep, args.dq_reduce)
                 batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
                 fwd_flops = 4 * batch * heads * seq_len**2 * head_dim * 0.5
                 best = {}
@@ -174,7 +215,7 @@ def main() -> None:
                         }
                     )
                 # FLOPs each kernel actually does, in units of the forward: S and dP are recomputed in both halves.
-                rates = {"fwd": 1.0, "bwd_dkdv": 2.0, "bwd_dq": 1.5}
+                rates = {"fwd": 1.0, "bwd_dkdv": 2.0, "bwd_dq": 1.5, "bwd_fused": 2.5}
                 cells = [f"{p}: {tflops(rates[p] * fwd_flops, ms):.0f} TFLOP/s" for p, ms in best.items()]
                 print(f"D={head_dim} dropout={dropout_p} T={seq_len}: " + ", ".join(cells), flush=True)
 
