@@ -3,10 +3,11 @@
 A step feeds only the new token, whose query attends over the cached keys and values (Tq = 1 < Tk, causal
 aligned bottom-right) under the model's masks: its window, its block-sparse pattern (the row of the token's
 position) and, with document masking, the documents that `<|endoftext|>` starts. The cache holds the model's
-whole context (its block_size). Beyond it, a token is predicted from the last block_size tokens, as nanoGPT
-does; since the position embeddings are absolute, moving that window changes every position, so from then on
-each step recomputes the window (the cache cannot be reused). Either way the tokens are those of recomputing the
-cropped sequence at every step (tests/test_masks_model.py checks it).
+whole context (its block_size). With rotary positions (rope) each cached key was turned once, at its absolute
+position, and each new token's query and key at theirs (the cache's length). Beyond block_size, a token is predicted
+from the last block_size tokens, as nanoGPT does; moving that window changes every position, so from then on each
+step recomputes the window (the cache cannot be reused). Either way the tokens are those of recomputing the
+cropped sequence at every step (tests/test_masks_model.py and tests/test_rope.py check it).
 """
 
 import torch

@@ -2,11 +2,14 @@
 
 Pre-LayerNorm transformer blocks, GELU(tanh) MLP, learned position embeddings, token embeddings tied to the output
 head, GPT-2's initialisation. The inner attention (naive | flash | sdpa) is pluggable: see model/attention.py.
+model.position_embedding=rope replaces the position table with rotary embeddings (RoPE, Su et al. 2021): q and k
+are rotated by their positions before the inner attention, so every backend and mask sees them.
 Shapes: B batch, T sequence length, C = d_model, H heads, D = C / H head dim, V vocab.
 """
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +20,11 @@ from flashgpt.model.kv_cache import KVCache
 from flashgpt.model.loss import linear_cross_entropy, per_token_cross_entropy
 from flashgpt.model.masks import num_blocks
 from flashgpt.model.sparsity import block_mask_for, build_block_mask, visible_fraction
+
+
+class PositionEmbedding(str, Enum):
+    learned = "learned"  # GPT-2's table: one trained vector per position, added to the token embeddings
+    rope = "rope"  # rotary: q and k turned by angles proportional to their position; no table, nothing to train
 
 
 @dataclass
@@ -35,6 +43,39 @@ class ModelConfig:
     # falls from n_layer blocks' worth to one block's, for about a third more compute.
     activation_checkpointing: bool = False
     init_from: str | None = None  # hf:<directory or Hub name>: start from GPT-2's weights (model/hf.py)
+    position_embedding: PositionEmbedding = PositionEmbedding.learned
+    # RoPE's base: pair i of a head turns by position · rope_base^(-2i / D). A larger base turns slower, so far
+    # positions stay distinguishable; raising it when the context grows is "adjusted base frequency" (ABF).
+    rope_base: float = 10000.0
+
+
+def position_embedding(cfg: ModelConfig) -> PositionEmbedding:
+    """cfg.position_embedding as the enum: a config read back from a checkpoint holds the plain string."""
+    try:
+        return PositionEmbedding(cfg.position_embedding)
+    except ValueError:
+        choices = ", ".join(p.value for p in PositionEmbedding)
+        raise ValueError(f"model.position_embedding={cfg.position_embedding!r}; choose one of: {choices}") from None
+
+
+def rotary_tables(n_positions: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
+    """cos and sin of every position's rotation angles, 2 x (n_positions, head_dim / 2) float32: position p turns
+    pair i by p · base^(-2i / head_dim). Computed in float64, so that even at 64K positions every value is exact to
+    float32 rounding (a float32 product p · θ would be off by up to p · 2^-24 radians)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
+    angles = torch.outer(torch.arange(n_positions, dtype=torch.float64), inv_freq)  # (T, D/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, H, T, D) with each of its T positions rotated: the pair (x[..., i], x[..., i + D/2]) turns by the angle
+    whose cos and sin (T, D/2) are given. This half-split pairing (GPT-NeoX, Llama) rotates contiguous halves;
+    RoFormer's adjacent pairs are the same up to a fixed permutation of the head dims, which q and k's projection
+    absorbs. Computed in float32 at least (bf16 activations are rounded once, at the end); elementwise, so
+    torch.compile fuses it into one kernel."""
+    dtype = torch.promote_types(x.dtype, cos.dtype)
+    x1, x2 = x.to(dtype).chunk(2, dim=-1)  # 2 x (B, H, T, D/2)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)  # (B, H, T, D)
 
 
 class CausalSelfAttention(nn.Module):
@@ -52,12 +93,24 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, mask: AttentionMask, cache: KVCache | None = None, layer: int = 0) -> Tensor:
-        """x (B, T, C); with a cache, x continues the cached tokens and attends to them too (keys Tk = past + T)."""
+    def forward(
+        self,
+        x: Tensor,
+        mask: AttentionMask,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        rotary: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """x (B, T, C); with a cache, x continues the cached tokens and attends to them too (keys Tk = past + T).
+        rotary: cos, sin (T, D/2) of x's positions (rope), or None (learned positions, already in x)."""
         B, T, C = x.shape
         D = C // self.n_head
         qkv = self.qkv(x).view(B, T, 3, self.n_head, D)  # (B, T, 3, H, D)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D): strided views, no copy
+        if rotary is not None:
+            # q · k then depends on the positions only through their difference. The cache keeps rotated keys:
+            # each was turned once, at its own absolute position.
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)  # 2 x (B, H, T, D)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, H, Tk, D)
         y = self.inner(
@@ -87,14 +140,21 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, mask: AttentionMask, cache: KVCache | None = None, layer: int = 0) -> Tensor:
-        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+    def forward(
+        self,
+        x: Tensor,
+        mask: AttentionMask,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        rotary: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, layer, rotary)
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, block_size: int, attention: str | AttentionConfig) -> None:
-        """block_size: the longest context, which sizes the learned position embeddings (the run's seq_len).
+        """block_size: the longest context, which sizes the position embeddings (the run's seq_len).
         attention: the backend's name, or the whole attention config (backend and masks: window, block-sparse)."""
         super().__init__()
         self.cfg = cfg
@@ -105,7 +165,21 @@ class GPT(nn.Module):
         layout = build_block_mask(self.attention.block_sparse, num_blocks(block_size, self.attention.block_size))
         self.register_buffer("block_layout", layout, persistent=False)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.wpe = nn.Embedding(block_size, cfg.d_model)
+        self.wpe: nn.Embedding | None = None
+        if position_embedding(cfg) == PositionEmbedding.learned:
+            self.wpe = nn.Embedding(block_size, cfg.d_model)
+        else:
+            head_dim = cfg.d_model // cfg.n_head
+            if head_dim % 2:
+                raise ValueError(
+                    f"model.position_embedding=rope rotates pairs of head dims; head dim {head_dim} "
+                    f"(d_model={cfg.d_model} / n_head={cfg.n_head}) is odd"
+                )
+            # Not saved with the weights (persistent=False): rebuilt from model.rope_base, which may change when
+            # a run extends its context. They move with the model's device; apply_rotary adapts their dtype.
+            cos, sin = rotary_tables(block_size, head_dim, cfg.rope_base)  # 2 x (block_size, D/2)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, self.attention.name) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
@@ -149,16 +223,21 @@ class GPT(nn.Module):
             raise ValueError(
                 f"context of {past + n_tokens} tokens is longer than the model's {self.block_size} (its seq_len)"
             )
-        pos = torch.arange(past, past + n_tokens, device=idx.device)  # (T,)
         mask = self.attention_mask(n_tokens, past + n_tokens, document_ids)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        rotary = None
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(past, past + n_tokens, device=idx.device))  # + (T, C)
+        else:  # the tokens' absolute positions: past..past + T - 1
+            rotary = (self.rope_cos[past : past + n_tokens], self.rope_sin[past : past + n_tokens])  # 2 x (T, D/2)
+        x = self.drop(x)
         for layer, block in enumerate(self.blocks):
             if self.cfg.activation_checkpointing and self.training:
                 # The recompute restores the RNG state first (CPU and CUDA), so dropout, in our kernel too, draws
                 # the same masks in both runs of the block.
-                x = checkpoint(block, x, mask, cache, layer, use_reentrant=False)
+                x = checkpoint(block, x, mask, cache, layer, rotary, use_reentrant=False)
             else:
-                x = block(x, mask, cache, layer)
+                x = block(x, mask, cache, layer, rotary)
         if cache is not None:
             cache.advance(n_tokens)
         x = self.ln_f(x)
@@ -190,10 +269,11 @@ class GPT(nn.Module):
         )
 
     def num_params(self, exclude_position_embeddings: bool = True) -> int:
-        """Parameter count N, by default without the position table (a lookup, no FLOPs). The token table stays:
-        tied to the output head, it is also a real matmul per token, as in the GPT-2 and Chinchilla counts."""
+        """Parameter count N, by default without the position table (a lookup, no FLOPs; rope has none). The token
+        table stays: tied to the output head, it is also a real matmul per token, as in the GPT-2 and Chinchilla
+        counts."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if exclude_position_embeddings else n
+        return n - self.wpe.weight.numel() if exclude_position_embeddings and self.wpe is not None else n
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs (forward + backward) per token at context seq_len: 6N for the weight matmuls plus

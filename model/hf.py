@@ -17,10 +17,11 @@ one: the loss over the padded vocabulary exceeds the source's by at most log(1 +
 47 rows (Hewitt, "Initializing new word embeddings", 2021; transformers' `resize_token_embeddings` does the same). The
 export drops the padded rows.
 
-Positions: our table has seq_len rows (the run's context). Shorter than the source's (1024 for every GPT-2): its
-first seq_len rows. Longer: the source's rows, then the source table again and again, row p = source row
-(p mod n_positions): the "copy" initialisation of Longformer (Beltagy et al., 2020), which keeps the first
-n_positions positions exact and starts every later one from a trained embedding instead of noise.
+Positions: GPT-2's are a learned table, so only model.position_embedding=learned goes in or out; a rotary model
+(rope) is refused both ways, naming the setting. Our table has seq_len rows (the run's context). Shorter than the
+source's (1024 for every GPT-2): its first seq_len rows. Longer: the source's rows, then the source table again and
+again, row p = source row (p mod n_positions): the "copy" initialisation of Longformer (Beltagy et al., 2020), which
+keeps the first n_positions positions exact and starts every later one from a trained embedding instead of noise.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.model.gpt import GPT, ModelConfig, PositionEmbedding, position_embedding
 
 if TYPE_CHECKING:
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -114,6 +115,16 @@ def check_source_config(hf_config: GPT2Config, cfg: ModelConfig, source: str) ->
         raise ValueError(f"{where}: GPT-2 has biases; set model.bias=true")
 
 
+def check_learned_positions(cfg: ModelConfig, where: str) -> None:
+    """GPT-2 (transformers' GPT2LMHeadModel) adds a learned position table; a rotary model has none to map."""
+    if position_embedding(cfg) != PositionEmbedding.learned:
+        raise ValueError(
+            f"{where}: model.position_embedding={position_embedding(cfg).value}, but GPT-2 in transformers has learned "
+            "absolute positions (a wpe table) and no rotary embeddings, so it would compute another model. Import "
+            "and export GPT-2 with model.position_embedding=learned"
+        )
+
+
 def resize_positions(table: Tensor, n_positions: int) -> Tensor:
     """The source's (n_source, C) position table as n_positions rows: its first rows, or row p = row p mod n_source."""
     n_source = table.size(0)
@@ -162,6 +173,7 @@ def from_hf_state_dict(
 def load_into(model: GPT, init_from: str) -> None:
     """Copy the GPT-2 weights named by model.init_from ("hf:<dir or Hub name>") into `model`, in place."""
     source = hf_source(init_from)
+    check_learned_positions(model.cfg, f"model.init_from={init_from}")
     hf_model = load_hf_gpt2(source)
     check_source_config(hf_model.config, model.cfg, source)
     state = from_hf_state_dict(hf_model.state_dict(), model.cfg.n_layer, model.block_size, model.cfg.vocab_size)
@@ -215,6 +227,7 @@ def to_hf_state_dict(state: dict[str, Tensor], n_layer: int, vocab_size: int = G
 
 def export(model: GPT, out_dir: Path, vocab_size: int = GPT2_VOCAB) -> Path:
     """Write `model` as a transformers GPT-2 (config.json, model.safetensors) into out_dir; returns out_dir."""
+    check_learned_positions(model.cfg, "GPT-2 export")
     _, gpt2_lm_head_model = _transformers()
     hf_model = gpt2_lm_head_model(hf_config_for(model.cfg, model.block_size, vocab_size))
     state = to_hf_state_dict(model.state_dict(), model.cfg.n_layer, vocab_size)
@@ -242,6 +255,7 @@ def model_from_checkpoint(checkpoint: Path) -> GPT:
         )
     fields = ModelConfig.__dataclass_fields__
     cfg = ModelConfig(**{key: value for key, value in saved["model"].items() if key in fields})
+    check_learned_positions(cfg, f"GPT-2 export of {checkpoint}")
     model = GPT(cfg, saved["seq_len"], "sdpa")  # the backend does not matter to the weights
     model.load_state_dict(state["model"])
     return model

@@ -20,7 +20,7 @@ from torch import nn
 from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.python_code import stdlib_package_of, sympy_package_of
 from flashgpt.data.shards import read_doc_ids
-from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.model.gpt import GPT, ModelConfig, rotary_tables
 from flashgpt.training.checkpoint import load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig
 from flashgpt.training.context_eval import (
@@ -51,9 +51,11 @@ def shakespeare_val() -> LongDocuments:
     return long_documents(splits.val, splits.val_docs, ids, length=600)
 
 
-def tiny_gpt(block_size: int, seed: int = 0, vocab_size: int = 50304) -> GPT:
+def tiny_gpt(block_size: int, seed: int = 0, vocab_size: int = 50304, **model: object) -> GPT:
+    """model: more ModelConfig fields, e.g. position_embedding="rope"."""
     torch.manual_seed(seed)
-    return GPT(ModelConfig(name="tiny", n_layer=2, n_head=2, d_model=32, vocab_size=vocab_size), block_size, "sdpa")
+    cfg = ModelConfig(name="tiny", n_layer=2, n_head=2, d_model=32, vocab_size=vocab_size, **model)
+    return GPT(cfg, block_size, "sdpa")
 
 
 # --- long documents: CPython's library and tests, with prose ---
@@ -203,9 +205,9 @@ def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shak
 # --- context extension ---
 
 
-def _trained_state(block_size: int, train: TrainConfig, steps: int) -> tuple[GPT, dict]:
+def _trained_state(block_size: int, train: TrainConfig, steps: int, **model_fields: object) -> tuple[GPT, dict]:
     """A tiny model trained `steps` steps at `block_size`, and a checkpoint of it as the trainer writes one."""
-    model = tiny_gpt(block_size)
+    model = tiny_gpt(block_size, **model_fields)
     optimizer = model.configure_optimizer(train.lr, train.weight_decay, (train.beta1, train.beta2), "cpu")
     scheduler = build_scheduler(optimizer, train)
     for _ in range(steps):
@@ -215,7 +217,7 @@ def _trained_state(block_size: int, train: TrainConfig, steps: int) -> tuple[GPT
         scheduler.step()
         optimizer.zero_grad()
     config = {
-        "model": dataclasses.asdict(model.cfg),
+        "model": json.loads(json.dumps(dataclasses.asdict(model.cfg))),  # plain values, enums as strings
         "data": {"name": "long_mix", "val_fraction": 0.1},
         "train": dataclasses.asdict(train),
         "seq_len": block_size,
@@ -232,8 +234,8 @@ def _trained_state(block_size: int, train: TrainConfig, steps: int) -> tuple[GPT
     return model, state
 
 
-def _fresh(block_size: int, train: TrainConfig):
-    model = tiny_gpt(block_size, seed=7)
+def _fresh(block_size: int, train: TrainConfig, **model_fields: object):
+    model = tiny_gpt(block_size, seed=7, **model_fields)
     optimizer = model.configure_optimizer(train.lr, train.weight_decay, (train.beta1, train.beta2), "cpu")
     return model, optimizer, build_scheduler(optimizer, train)
 
@@ -275,6 +277,57 @@ def test_extension_refuses_a_checkpoint_of_another_schedule_model_or_a_longer_co
         extend_from_checkpoint(tmp_path / "latest.pt", *_fresh(16, train), state["config"], tokens_per_step=32)
     with pytest.raises(FileNotFoundError, match="extend_from="):
         extend_from_checkpoint(tmp_path / "missing.pt", *_fresh(32, train), state["config"], tokens_per_step=32)
+
+
+def test_extension_can_interpolate_the_position_table_instead(tmp_path):
+    train = TrainConfig(batch_size=2, max_steps=10, warmup_steps=2, lr=1e-3)
+    short, state = _trained_state(16, train, steps=3)
+    save_checkpoint(state, tmp_path / "latest.pt")
+    model, optimizer, scheduler = _fresh(46, train)
+    config = {**state["config"], "seq_len": 46, "extend_positions": "interpolate"}
+    extend_from_checkpoint(tmp_path / "latest.pt", model, optimizer, scheduler, config, tokens_per_step=32)
+    index = [p is model.wpe.weight for group in optimizer.param_groups for p in group["params"]].index(True)
+    old = {"table": short.wpe.weight.detach(), **state["optimizer"]["state"][index]}
+    new = {"table": model.wpe.weight.detach(), **optimizer.state[model.wpe.weight]}
+    for name in ("table", "exp_avg", "exp_avg_sq"):
+        # Row p sits at x = p · 15 / 45 = p / 3 of the old table: every third row is a trained one, the two
+        # between are 1/3 and 2/3 of the way to the next.
+        for p in range(46):
+            lo, frac = divmod(p, 3)
+            hi = min(lo + 1, 15)
+            expected = (1 - frac / 3) * old[name][lo] + frac / 3 * old[name][hi]
+            torch.testing.assert_close(new[name][p], expected, rtol=1e-6, atol=1e-7)
+        assert torch.equal(new[name][0], old[name][0]) and torch.equal(new[name][45], old[name][15])
+
+
+def test_a_rope_extension_keeps_every_weight_and_may_raise_the_base(tmp_path, caplog):
+    train = TrainConfig(batch_size=2, max_steps=10, warmup_steps=2, lr=1e-3)
+    short, state = _trained_state(16, train, steps=3, position_embedding="rope")
+    save_checkpoint(state, tmp_path / "latest.pt")
+    assert not any("rope" in key or "wpe" in key for key in state["model"])  # no table, no saved rotations
+    config = {**state["config"], "seq_len": 64, "model": {**state["config"]["model"], "rope_base": 500000.0}}
+    model, optimizer, scheduler = _fresh(64, train, position_embedding="rope", rope_base=500000.0)
+    caplog.set_level("INFO", logger="flashgpt.training.extension")
+    step = extend_from_checkpoint(tmp_path / "latest.pt", model, optimizer, scheduler, config, tokens_per_step=32)
+    assert step == 3 and "model.rope_base 10000 -> 500000 (adjusted base frequency)" in caplog.text
+    for name, value in short.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value)
+    saved_moments, loaded = state["optimizer"]["state"], optimizer.state_dict()["state"]
+    assert saved_moments.keys() == loaded.keys()
+    for index, moments in saved_moments.items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(loaded[index][name], moments[name])
+    # The same weights turned more slowly: the angles are the raised base's (head dim 16).
+    assert torch.equal(model.rope_cos, rotary_tables(64, 16, 500000.0)[0])
+    assert not torch.equal(model.rope_cos[:16], short.rope_cos)
+    x = torch.randint(0, VOCAB, (2, 16))
+    with torch.no_grad():  # at an unchanged base, the longer model is the trained one on short windows
+        same_base = tiny_gpt(64, position_embedding="rope")
+        same_base.load_state_dict(model.state_dict())
+        torch.testing.assert_close(same_base(x), short(x), rtol=0, atol=0)
+    learned = {**config, "model": {**config["model"], "position_embedding": "learned"}}
+    with pytest.raises(ExtensionError, match=r"'position_embedding': 'rope'.* in the checkpoint"):
+        extend_from_checkpoint(tmp_path / "latest.pt", *_fresh(64, train), learned, tokens_per_step=32)
 
 
 # --- the study: plan, runner, report ---

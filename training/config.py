@@ -13,7 +13,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from flashgpt.data.config import DataConfig
 from flashgpt.data.tokenizer import TOKENIZER_NAME, VOCAB_SIZE
 from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, check_attention_config
-from flashgpt.model.gpt import ModelConfig
+from flashgpt.model.gpt import ModelConfig, PositionEmbedding
 from flashgpt.model.hf import hf_source
 from flashgpt.training.profiling import PROFILED_UNTIL
 from flashgpt.training.resolvers import register_resolvers
@@ -29,6 +29,13 @@ class Device(str, Enum):
     auto = "auto"  # cuda when available, else cpu
     cpu = "cpu"
     cuda = "cuda"
+
+
+class PositionInit(str, Enum):
+    """How an extension (extend_from) fills a longer learned position table (training/extension.py)."""
+
+    tile = "tile"  # row p = trained row p mod n_old: the first n_old positions stay exactly as trained
+    interpolate = "interpolate"  # the trained rows stretched over the new length, linear between neighbours
 
 
 class WandbMode(str, Enum):
@@ -102,6 +109,7 @@ class Config:
     # A fresh run starts from this checkpoint of the same model at a shorter seq_len, continuing its weights,
     # optimizer and schedule with the position table extended (context extension: training/extension.py).
     extend_from: str | None = None
+    extend_positions: PositionInit = PositionInit.tile  # the longer learned table's rows; rope has no table
     overwrite: bool = False  # start afresh in a run dir that holds a run, deleting its metrics and checkpoints
     compile: bool = False  # torch.compile the model
     profile: bool = False  # a torch.profiler trace of a few steady-state steps in <run dir>/profile/
@@ -135,6 +143,7 @@ def validate(cfg: Config) -> None:
         )
     if cfg.model.d_model % cfg.model.n_head:
         raise ValueError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_head={cfg.model.n_head}")
+    _check_positions(cfg)
     floats = {
         "train.lr": cfg.train.lr,
         "train.min_lr": cfg.train.min_lr,
@@ -205,6 +214,31 @@ def validate(cfg: Config) -> None:
         raise ValueError(
             f"profile=true traces steps up to {PROFILED_UNTIL} (after warm-up, training/profiling.py), but the run "
             f"ends at step {last_step}: raise train.max_steps (and train.stop_at_step)"
+        )
+
+
+def _check_positions(cfg: Config) -> None:
+    rope = cfg.model.position_embedding == PositionEmbedding.rope
+    if not (math.isfinite(cfg.model.rope_base) and cfg.model.rope_base > 1):
+        raise ValueError(
+            f"model.rope_base={cfg.model.rope_base} must be a finite number > 1 (rotation speeds base^(-2i/D) fall "
+            "from 1 with i); 10000 is RoPE's default"
+        )
+    if rope and (cfg.model.d_model // cfg.model.n_head) % 2:
+        raise ValueError(
+            f"model.position_embedding=rope rotates pairs of head dims; the head dim model.d_model / model.n_head = "
+            f"{cfg.model.d_model // cfg.model.n_head} is odd"
+        )
+    if rope and cfg.model.init_from is not None:
+        raise ValueError(
+            "model.init_from loads GPT-2, whose positions are a learned table: use model.position_embedding=learned "
+            "with it"
+        )
+    if rope and cfg.extend_positions != PositionInit.tile:
+        raise ValueError(
+            f"extend_positions={cfg.extend_positions.value} fills a learned position table, and "
+            "model.position_embedding=rope has none: leave extend_positions=tile, and change model.rope_base to "
+            "adjust rope to a longer context"
         )
 
 

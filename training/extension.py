@@ -3,21 +3,32 @@
 `extend_from=<checkpoint>` starts a run from a checkpoint trained at a shorter seq_len as if this run had been
 training all along: the weights, both Adam moments, the learning-rate schedule and the step count continue, so one
 schedule spans every stage and train.max_steps is the whole budget (stop a stage early with train.stop_at_step).
-The data sampler starts afresh with windows of the new length, and the position table grows: row p of the new table
-is row p mod n_old of the trained one, for the weights and for both moments (model/hf.py's resize_positions, the rule
-GPT-2 imports use too). This is the copy initialisation of Longformer (Beltagy et al., 2020): the first n_old
-positions stay exactly as trained, and every new position starts from a trained embedding instead of noise, so the
-extended model is the trained one on any window of n_old tokens.
+The data sampler starts afresh with windows of the new length, and a learned position table grows, for the weights
+and for both moments, as `extend_positions` says:
+- tile (the default): row p of the new table is row p mod n_old of the trained one (model/hf.py's resize_positions,
+  the rule GPT-2 imports use too). This is the copy initialisation of Longformer (Beltagy et al., 2020): the first
+  n_old positions stay exactly as trained, and every new position starts from a trained embedding instead of noise,
+  so the extended model is the trained one on any window of n_old tokens.
+- interpolate: the trained rows stretched over the new length, row p read at p · (n_old - 1) / (n_new - 1) of the old
+  table, linearly between its two neighbours: every new position lies between trained ones (first and last rows
+  kept), as position interpolation does for rotary models (Chen et al., 2023); positions move, so the model is not
+  the trained one on short windows any more.
+Rotary positions (model.position_embedding=rope) have no table: the weights carry over as they are. model.rope_base
+may change at the extension: raising it (e.g. 10^4 -> 5·10^5) slows every rotation so that the longer distances
+take angles like those trained, the "adjusted base frequency" of Xiong et al. (2023) and Llama 3. The run's config
+holds the new base, its result.json says so, and the log names both.
 
 Extending is explicit: a resumed run (`resume`) refuses a changed seq_len, and a longer model never loads a shorter
 table by accident. The checkpoint must come from the same model, corpus and schedule, at the same tokens per step,
-so that a step means the same thing in every stage; any other difference is refused, naming the setting.
+so that a step means the same thing in every stage; any other difference (model.rope_base excepted) is refused,
+naming the setting.
 """
 
 import logging
 from pathlib import Path
 from typing import Any
 
+import torch.nn.functional as F
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -62,23 +73,39 @@ def extend_from_checkpoint(
     state = load_checkpoint(path)
     saved = state["config"]
     _check_compatible(saved, config, _tokens_per_step(saved, len(state["rank_states"])), tokens_per_step, path)
-    n_positions = model.wpe.weight.shape[0]
-    weights = dict(state["model"])
-    weights["wpe.weight"] = resize_positions(weights["wpe.weight"], n_positions)
-    model.load_state_dict(weights)
-
-    optimizer_state = state["optimizer"]
-    index = _parameter_index(optimizer, model.wpe.weight)
-    moments = dict(optimizer_state["state"][index])
-    for name in ("exp_avg", "exp_avg_sq"):
-        moments[name] = resize_positions(moments[name], n_positions)
-    optimizer.load_state_dict({**optimizer_state, "state": {**optimizer_state["state"], index: moments}})
+    if model.wpe is None:  # rope: no weight depends on the context length
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        old_base, new_base = saved["model"]["rope_base"], config["model"]["rope_base"]
+        change = f" -> {new_base:g} (adjusted base frequency)" if new_base != old_base else ", unchanged"
+        positions = f"rotary positions, model.rope_base {old_base:g}{change}"
+    else:
+        init = config.get("extend_positions", "tile")
+        resize = interpolate_positions if init == "interpolate" else resize_positions
+        n_positions = model.wpe.weight.shape[0]
+        weights = dict(state["model"])
+        weights["wpe.weight"] = resize(weights["wpe.weight"], n_positions)
+        model.load_state_dict(weights)
+        optimizer_state = state["optimizer"]
+        index = _parameter_index(optimizer, model.wpe.weight)
+        moments = dict(optimizer_state["state"][index])
+        for name in ("exp_avg", "exp_avg_sq"):
+            moments[name] = resize(moments[name], n_positions)
+        optimizer.load_state_dict({**optimizer_state, "state": {**optimizer_state["state"], index: moments}})
+        positions = f"learned position table of {n_positions} rows from the trained {saved['seq_len']} ({init})"
     scheduler.load_state_dict(state["scheduler"])
     log.info(
         f"extend_from={path}: continuing at step {state['step']} with seq_len {saved['seq_len']} -> "
-        f"{config['seq_len']}; position rows {saved['seq_len']}..{n_positions - 1} tiled from the trained ones"
+        f"{config['seq_len']}; {positions}"
     )
     return state["step"]
+
+
+def interpolate_positions(table: Tensor, n_positions: int) -> Tensor:
+    """The (n_old, C) table stretched to n_positions rows: row p is the old table read at x = p · (n_old - 1) /
+    (n_positions - 1), linear between rows floor(x) and ceil(x); the first and last rows stay as they are."""
+    stretched = F.interpolate(table.t()[None], size=n_positions, mode="linear", align_corners=True)  # (1, C, n)
+    return stretched[0].t().contiguous()  # (n_positions, C)
 
 
 def _tokens_per_step(saved: dict[str, Any], world_size: int) -> int:
@@ -99,6 +126,8 @@ def _check_compatible(
         )
     for key in MUST_MATCH:
         old, new = _lookup(saved, key), _lookup(current, key)
+        if key == "model":
+            old, new = _architecture(old), _architecture(new)
         if old != new:
             problems.append(f"{key}={old} in the checkpoint, {key}={new} now")
     if saved_tokens != current_tokens:
@@ -108,6 +137,12 @@ def _check_compatible(
             f"cannot extend {path} into this run:\n  " + "\n  ".join(problems) + "\nAn extension continues the "
             "checkpoint's model, corpus and learning-rate schedule at the same tokens per step, at a longer seq_len."
         )
+
+
+def _architecture(model: dict[str, Any]) -> dict[str, Any]:
+    """The model config an extension must keep: all of it but the rope base, which it may raise (ABF); a
+    checkpoint from before rotary positions existed had learned ones."""
+    return {key: value for key, value in {"position_embedding": "learned", **model}.items() if key != "rope_base"}
 
 
 def _lookup(config: dict[str, Any], dotted: str) -> Any:

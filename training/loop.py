@@ -303,6 +303,9 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "compile": self.cfg.compile,
             "attention_masks": self.masks,
+            "position_embedding": self.cfg.model.position_embedding.value,
+            # The base this run's rotations used (after an extension that raised it, the raised one); learned: null.
+            "rope_base": self.cfg.model.rope_base if self.raw_model.wpe is None else None,
             "val/loss": self.last_val.get("val/loss"),
             "val/ppl": self.last_val.get("val/ppl"),
             "perf/tokens_per_sec": tokens_per_sec,

@@ -31,7 +31,7 @@ _REFUSED = {
 }
 # Never compared: how this job was launched, and where a fresh run's first weights came from (a resumed run
 # takes them from its checkpoint).
-_IGNORED = ("resume", "overwrite", "model.init_from", "extend_from")
+_IGNORED = ("resume", "overwrite", "model.init_from", "extend_from", "extend_positions")
 
 
 class ResumeConfigError(ValueError):
