@@ -126,7 +126,7 @@ def train_command(spec: Spec, runs_dir: Path, node: Node, stop_step: int) -> lis
     ]
     if node.parent is not None:
         command.append(f"extend_from={shown(branch_path(runs_dir, node.parent, node.branch_step))}")
-    return [*command, *spec.overrides, f"hydra.run.dir={shown(runs_dir / node.name)}"]
+    return [*command, *spec.overrides, *node.overrides, f"hydra.run.dir={shown(runs_dir / node.name)}"]
 
 
 def eval_command(spec: Spec, runs_dir: Path, node: Node) -> list[str]:
@@ -433,6 +433,7 @@ def plan_summary(plan: Plan, runs_dir: Path) -> dict[str, Any]:
                 "max_steps": node.max_steps,
                 "parent": node.parent.name if node.parent else None,
                 "branch_step": node.branch_step,
+                "overrides": list(node.overrides),
                 "segments": node.segments(),
                 "reached_step": reached_step(runs_dir, node),
                 "failed": failure(runs_dir, node),

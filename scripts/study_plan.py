@@ -10,12 +10,19 @@ goes on to max_steps, while the extension starts from that copy in a run dir of 
 
 A recipe with `equal_time_to: <recipe>` is a fixed-context run whose step count is set, once that recipe has
 trained, so that it gets the same training GPU time (from the median step times measured in both).
+
+A recipe may belong to an `arm`, a named list of train.py overrides from the spec's `arms` that every stage gets
+(e.g. rope: [model.position_embedding=rope]); an arm's runs live under seed<k>/<arm>/ and are shared only within it.
+A stage may carry overrides of its own as a third item, {key: value}, e.g. [16384, 1.0, {model.rope_base: 500000}]
+raises the rotary base when the context grows (ABF); they name its run (16384+rope_base500000), so only stages with
+the same overrides are shared.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,18 +34,38 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDY_DIR = ROOT / "configs" / "study"
 
 
+# Arm names and stage-override keys and values become parts of run-dir names and of hydra.run.dir.
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
     stages: tuple[tuple[int, float], ...]  # (seq_len, end as a fraction of max_steps), seq_len increasing, last 1.0
     equal_time_to: str | None = None
+    arm: str | None = None  # a key of Spec.arms: train.py overrides for every stage
+    # Per stage (empty, or one entry per stage): train.py overrides of that stage alone, e.g. model.rope_base=500000.
+    stage_overrides: tuple[tuple[str, ...], ...] = ()
+
+    def overrides_of(self, stage: int) -> tuple[str, ...]:
+        return self.stage_overrides[stage] if self.stage_overrides else ()
+
+    def stage_name(self, stage: int) -> str:
+        """The stage's part of a run-dir name: '16384', or '16384+rope_base500000' with model.rope_base=500000."""
+        tags = [
+            f"{key.rsplit('.', 1)[-1]}{value}" for key, value in (o.split("=", 1) for o in self.overrides_of(stage))
+        ]
+        return "+".join([str(self.stages[stage][0]), *tags])
 
     def describe(self) -> str:
-        """'1024' or '1024 -> 16384 at 75%' or '1024 (GPU time of ext-16k)'."""
-        parts = [str(self.stages[0][0])]
-        for (_, end), (seq_len, _) in zip(self.stages, self.stages[1:], strict=False):
-            parts.append(f"{seq_len} at {end:.0%}")
+        """'1024' or '1024 -> 16384 at 75%' or '1024 (GPU time of ext-16k)', with the arm and any stage's own
+        overrides: 'rope: 1024 -> 16384 at 90% with model.rope_base=500000'."""
+        parts = []
+        for i, (seq_len, _) in enumerate(self.stages):
+            text = str(seq_len) if i == 0 else f"{seq_len} at {self.stages[i - 1][1]:.0%}"
+            parts.append(" ".join([text, "with", ", ".join(self.overrides_of(i))]) if self.overrides_of(i) else text)
         text = " -> ".join(parts)
+        text = f"{self.arm}: {text}" if self.arm else text
         return f"{text} (GPU time of {self.equal_time_to})" if self.equal_time_to else text
 
 
@@ -66,6 +93,7 @@ class Spec:
     overrides: tuple[str, ...] = ()  # more train.py overrides for every run
     checkpoint_every: int = 250  # steps; a stopped run loses at most this much
     eval: EvalSpec = field(default_factory=EvalSpec)
+    arms: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> train.py overrides of its recipes
 
 
 def load_spec(name_or_path: str) -> Spec:
@@ -98,10 +126,35 @@ def parse_spec(name: str, raw: dict[str, Any], where: str) -> Spec:
     recipes = {}
     for recipe_name, body in (raw.get("recipes") or {}).items():
         try:
-            stages = tuple((int(seq_len), float(end)) for seq_len, end in body["stages"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise fail(f"recipe {recipe_name}: `stages` must be a list of [seq_len, end] pairs ({error!r})") from error
-        recipes[recipe_name] = Recipe(recipe_name, stages, body.get("equal_time_to"))
+            stages = tuple((int(stage[0]), float(stage[1])) for stage in body["stages"])
+            extras = [stage[2] if len(stage) == 3 else {} for stage in body["stages"]]
+            if any(
+                len(stage) not in (2, 3) or not isinstance(extra, dict)
+                for stage, extra in zip(body["stages"], extras, strict=True)
+            ):
+                raise ValueError("a stage is [seq_len, end] or [seq_len, end, {override key: value}]")
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise fail(
+                f"recipe {recipe_name}: `stages` must be a list of [seq_len, end] pairs, each optionally with a "
+                "mapping of train.py overrides for that stage, e.g. [16384, 1.0, {model.rope_base: 500000}] "
+                f"({error!r})"
+            ) from error
+        stage_overrides = tuple(tuple(f"{key}={value}" for key, value in extra.items()) for extra in extras)
+        if unknown := set(body) - {"stages", "equal_time_to", "arm"}:
+            raise fail(f"recipe {recipe_name}: unknown keys {sorted(unknown)}; the keys are arm, equal_time_to, stages")
+        recipes[recipe_name] = Recipe(
+            recipe_name,
+            stages,
+            body.get("equal_time_to"),
+            body.get("arm"),
+            stage_overrides if any(stage_overrides) else (),
+        )
+    arms = raw.get("arms") or {}
+    if not isinstance(arms, dict) or not all(isinstance(o, list) for o in arms.values()):
+        raise fail(
+            "`arms` must map each arm's name to a list of train.py overrides, e.g. "
+            "rope: [model.position_embedding=rope]"
+        )
     spec = Spec(
         name=name,
         preset=raw["preset"],
@@ -112,9 +165,14 @@ def parse_spec(name: str, raw: dict[str, Any], where: str) -> Spec:
         overrides=tuple(raw.get("overrides", ())),
         checkpoint_every=int(raw.get("checkpoint_every", 250)),
         eval=eval_spec,
+        arms={name: tuple(overrides) for name, overrides in arms.items()},
     )
     for problem in spec_problems(spec):
         raise fail(problem)
+    try:
+        build_plan(spec)  # two recipes' stages that would share a run dir with different overrides
+    except ValueError as error:
+        raise fail(str(error)) from error
     return spec
 
 
@@ -124,13 +182,26 @@ def spec_problems(spec: Spec) -> list[str]:
         problems.append("no recipes")
     if spec.baseline not in spec.recipes:
         problems.append(f"baseline {spec.baseline!r} is not a recipe ({', '.join(spec.recipes)})")
-    fixed_starts = {recipe.stages[0][0] for recipe in spec.recipes.values() if recipe.equal_time_to is None}
+    fixed_starts = {(r.arm, r.stage_name(0)) for r in spec.recipes.values() if r.stages and r.equal_time_to is None}
+    for name in spec.arms:
+        if not SAFE_NAME.fullmatch(name):
+            problems.append(f"arm {name!r}: its name names run dirs; use letters, digits, '_', '.', '-'")
     for recipe in spec.recipes.values():
         seq_lens = [s for s, _ in recipe.stages]
         ends = [e for _, e in recipe.stages]
         if not recipe.stages:
             problems.append(f"recipe {recipe.name}: no stages")
             continue
+        if recipe.arm is not None and recipe.arm not in spec.arms:
+            problems.append(
+                f"recipe {recipe.name}: arm {recipe.arm!r} is not one of the spec's arms {sorted(spec.arms)}"
+            )
+        for override in itertools.chain(*recipe.stage_overrides):
+            if not all(SAFE_NAME.fullmatch(part) for part in override.split("=", 1)):
+                problems.append(
+                    f"recipe {recipe.name}: stage override {override!r} names its run dir; keys and values may hold "
+                    "letters, digits, '_', '.', '-'"
+                )
         if ends[-1] != 1.0:
             problems.append(f"recipe {recipe.name}: the last stage must end at 1.0 (max_steps), got {ends}")
         if any(b <= a for a, b in itertools.pairwise(seq_lens)):
@@ -139,10 +210,10 @@ def spec_problems(spec: Spec) -> list[str]:
         if any(not 0 < a < b for a, b in itertools.pairwise(steps)) or steps[0] <= 0:
             problems.append(f"recipe {recipe.name}: stage ends {ends} give steps {steps}, not increasing from 1")
         if recipe.equal_time_to is not None:
-            if len(recipe.stages) != 1 or seq_lens[0] not in fixed_starts:
+            if len(recipe.stages) != 1 or (recipe.arm, recipe.stage_name(0)) not in fixed_starts:
                 problems.append(
-                    f"recipe {recipe.name}: equal_time_to needs a single stage at a seq_len another recipe starts "
-                    "with (its step time is measured there)"
+                    f"recipe {recipe.name}: equal_time_to needs a single stage at a seq_len (and arm and overrides) "
+                    "another recipe starts with (its step time is measured there)"
                 )
             target = spec.recipes.get(recipe.equal_time_to)
             if target is None or target.equal_time_to is not None:
@@ -170,13 +241,14 @@ def stage_end_step(spec: Spec, end: float) -> int:
 class Node:
     """One run dir: training at one seq_len, from scratch or from its parent's checkpoint at `branch_step`."""
 
-    name: str  # run dir relative to the study's runs dir, e.g. seed0/1024x1500_16384
+    name: str  # run dir relative to the study's runs dir, e.g. seed0/1024x1500_16384 or seed0/rope/1024
     seed: int
     seq_len: int
     max_steps: int | None  # the schedule's length; None until an equal-time recipe's is measured
     parent: Node | None = None
     branch_step: int | None = None  # the parent's step this run starts from
     targets: set[int] = field(default_factory=set)  # steps where a stage ends or a child branches off
+    overrides: tuple[str, ...] = ()  # train.py overrides of its arm and its stage
 
     def segments(self) -> list[int]:
         """The stop steps of its train.py jobs, in order: each branch point, then its last step."""
@@ -198,20 +270,34 @@ def build_plan(spec: Spec, measured_steps: dict[tuple[str, int], int] | None = N
     finals = {}
     for seed in spec.seeds:
         for recipe in spec.recipes.values():
-            parent, prefix = None, f"seed{seed}/"
+            parent, prefix = None, seed_dir(seed, recipe)
             for i, (seq_len, end) in enumerate(recipe.stages):
                 if recipe.equal_time_to is None:
-                    name, max_steps, end_step = f"{prefix}{seq_len}", spec.max_steps, stage_end_step(spec, end)
+                    name = f"{prefix}{recipe.stage_name(i)}"
+                    max_steps, end_step = spec.max_steps, stage_end_step(spec, end)
                 else:  # a single stage (spec_problems)
-                    name = f"{prefix}{seq_len}_equal_time_{recipe.equal_time_to}"
+                    name = f"{prefix}{recipe.stage_name(i)}_equal_time_{recipe.equal_time_to}"
                     max_steps = end_step = measured_steps.get((recipe.name, seed))
                 branch_step = stage_end_step(spec, recipe.stages[i - 1][1]) if i else None
-                node = nodes.setdefault(name, Node(name, seed, seq_len, max_steps, parent, branch_step))
+                overrides = (*spec.arms.get(recipe.arm, ()), *recipe.overrides_of(i))
+                node = nodes.setdefault(
+                    name, Node(name, seed, seq_len, max_steps, parent, branch_step, overrides=overrides)
+                )
+                if node.overrides != overrides:
+                    raise ValueError(
+                        f"recipe {recipe.name}: run {name} would train with {list(overrides)}, but another recipe's "
+                        f"run of that name with {list(node.overrides)}: give the stage overrides distinct values"
+                    )
                 if end_step is not None:
                     node.targets.add(end_step)
                 parent, prefix = node, f"{name}x{end_step}_"
             finals[(recipe.name, seed)] = parent
     return Plan(spec, nodes, finals)
+
+
+def seed_dir(seed: int, recipe: Recipe) -> str:
+    """Where a recipe's runs live: seed<k>/, or seed<k>/<arm>/ for a recipe of an arm."""
+    return f"seed{seed}/{recipe.arm}/" if recipe.arm else f"seed{seed}/"
 
 
 # --- what the runs have done (their files in a study's runs dir) ------------------------------------------------
@@ -268,7 +354,7 @@ def equal_time_steps(spec: Spec, runs_dir: Path) -> dict[tuple[str, int], int]:
             continue
         for seed in spec.seeds:
             target = train_seconds(plan, runs_dir, recipe.equal_time_to, seed)
-            twin = plan.nodes[f"seed{seed}/{recipe.stages[0][0]}"]
+            twin = plan.nodes[f"{seed_dir(seed, recipe)}{recipe.stage_name(0)}"]
             times = step_times(runs_dir, twin, 1, spec.max_steps)
             # Both finished: their step times are final, so the step count never changes once the run starts.
             if target is not None and times and reached_step(runs_dir, twin) >= max(twin.targets):

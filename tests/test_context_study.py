@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 from torch import nn
 
 from flashgpt.data import DataConfig, get_tokenizer, load_splits
@@ -22,7 +23,7 @@ from flashgpt.data.python_code import stdlib_package_of, sympy_package_of
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig, rotary_tables
 from flashgpt.training.checkpoint import load_checkpoint, save_checkpoint
-from flashgpt.training.config import TrainConfig
+from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.context_eval import (
     LongDocuments,
     long_documents,
@@ -355,7 +356,38 @@ def test_recipes_share_their_common_first_stages_and_branch_where_a_longer_conte
     assert plan.finals[("fixed-1k-time", 0)].max_steps is None
     measured = study_plan.build_plan(spec, {("fixed-1k-time", 0): 2300})
     assert measured.finals[("fixed-1k-time", 0)].segments() == [2300]
-    assert len(plan.nodes) == 2 * 9
+    assert len(plan.nodes) == 2 * 18  # 9 runs of learned positions and 9 of rope a seed
+
+
+def test_rope_recipes_share_their_arm_runs_and_raise_the_base_where_the_context_grows():
+    spec = study_plan.load_spec("context")
+    plan = study_plan.build_plan(spec)
+    root = plan.nodes["seed0/rope/1024"]
+    # rope's 1K run is its own (not learned positions' seed0/1024), and stops where its recipes branch off.
+    assert plan.finals[("rope-fixed-1k", 0)] is root and root.segments() == [1500, 1800, 2000]
+    assert root.overrides == ("model.position_embedding=rope",)
+    plain, abf = plan.finals[("rope-ext-16k-90", 0)], plan.finals[("rope-ext-16k-90-abf", 0)]
+    assert (plain.name, plain.parent, plain.branch_step) == ("seed0/rope/1024x1800_16384", root, 1800)
+    assert (abf.name, abf.parent, abf.branch_step) == ("seed0/rope/1024x1800_16384+rope_base500000", root, 1800)
+    assert abf.overrides == ("model.position_embedding=rope", "model.rope_base=500000")
+    chain = study_plan.recipe_chain(plan, "rope-staged-abf", 0)
+    assert [(n.seq_len, first, last, n.overrides[1:]) for n, first, last in chain] == [
+        (1024, 1, 1500, ()),
+        (4096, 1501, 1800, ("model.rope_base=500000",)),
+        (16384, 1801, 2000, ("model.rope_base=500000",)),
+    ]
+    assert spec.recipes["rope-ext-16k-75-abf"].describe() == "rope: 1024 -> 16384 at 75% with model.rope_base=500000"
+    # The job's command carries the arm and the stage's overrides after the spec's, and train.py accepts them.
+    command = study.train_command(spec, REPO / "runs" / "context", abf, stop_step=2000)
+    assert command[-3:] == [*abf.overrides, "hydra.run.dir=runs/context/seed0/rope/1024x1800_16384+rope_base500000"]
+    assert "extend_from=runs/context/seed0/rope/1024/checkpoints/branch-1800.pt" in command
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = typed_config(compose("config", overrides=command[2:-1]))  # all but python train.py and the run dir
+    validate(cfg)
+    assert (cfg.model.position_embedding.value, cfg.model.rope_base, cfg.seq_len) == ("rope", 500000.0, 16384)
+    # Learned positions' runs are where they were: results exported before arms existed still match the plan.
+    assert plan.finals[("ext-16k", 0)].name == "seed0/1024x1500_16384" and plan.nodes["seed0/1024"].overrides == ()
 
 
 @pytest.mark.parametrize(
@@ -367,6 +399,13 @@ def test_recipes_share_their_common_first_stages_and_branch_where_a_longer_conte
         ({"recipes": {"a": {"stages": "1024"}}, "baseline": "a"}, "pairs"),
         ({"baseline": "nope"}, "baseline 'nope' is not a recipe"),
         ({"max_step": 3}, "unknown keys"),
+        ({"recipes": {"a": {"stages": [[64, 1.0]], "arm": "rope"}}}, "arm 'rope' is not one of the spec's arms"),
+        ({"recipes": {"a": {"stages": [[64, 1.0, "model.rope_base=5"]]}}}, r"\[16384, 1.0, \{model.rope_base"),
+        ({"recipes": {"a": {"stages": [[64, 1.0, {"model.rope_base": "5 0"}]]}}}, "names its run dir"),
+        (
+            {"recipes": {"a": {"stages": [[64, 1.0, {"model.x": 1}]]}, "b": {"stages": [[64, 1.0, {"data.x": 1}]]}}},
+            "another recipe's run of that name",
+        ),
     ],
 )
 def test_a_bad_study_spec_is_refused_naming_the_file_and_the_problem(change, message):
