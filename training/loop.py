@@ -117,7 +117,10 @@ class Trainer:
 
         model = compile_model(self.raw_model) if cfg.compile else self.raw_model
         if ctx.is_distributed:
-            model = DistributedDataParallel(model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
+            # The model's buffers (block layout, rope's cos/sin tables) are constants built alike on every rank:
+            # broadcasting them from rank 0 before every forward, DDP's default, would copy megabytes for nothing.
+            devices = [ctx.local_rank] if device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=devices, broadcast_buffers=False)
         self.train_step = TrainStep(
             model,
             self.optimizer,
