@@ -39,6 +39,7 @@ from flashgpt.model.masks import validate_masks
 from .dropout import check_dropout_p
 from .launch import (
     AttentionParams,
+    dtype_name,
     interpreting,
     is_hopper,
     launch_dkdv,
@@ -49,7 +50,7 @@ from .launch import (
     tuned_config,
 )
 from .tile_schedule import KernelMasks
-from .tuning import NATIVE_HEAD_DIMS
+from .tuning import NATIVE_HEAD_DIMS, backward_schedule
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 8
@@ -132,6 +133,14 @@ def _kernel_masks(
     """The masks as the launches take them, and the tuned_config arguments (Tk; tiles that fit the blocks)."""
     masks = KernelMasks.build(k.shape[2], window_size, document_ids, block_mask, block_size)
     return masks, {"seq_len_k": k.shape[2], "block_size": block_size if block_mask is not None else None}
+
+
+def _backward_schedule(q: Tensor, params: AttentionParams, seq_len_k: int) -> str:
+    hopper = q.is_cuda and is_hopper(q.device)
+    return backward_schedule(
+        q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, seq_len_k,
+        interpreting=interpreting(), hopper=hopper,
+    )  # fmt: skip
 
 
 def dq_reduce(q: Tensor) -> str:
@@ -230,7 +239,7 @@ def _backward_kernels(
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if deterministic:
+    if deterministic or _backward_schedule(q, params, k.shape[2]) == "split":
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
         launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o, dlse=dlse)
@@ -348,8 +357,9 @@ def flash_attention(
     PyTorch's default generator, so `torch.manual_seed` makes it reproducible; its rate is rounded to a multiple
     of 1/256 (`dropout.effective_dropout_p`).
     `deterministic`: True gives bit-identical dq, dk, dv from run to run (a backward whose every sum has one owner);
-    False the faster backward, whose dq is summed with float atomics (it varies in its last bits); None (default)
-    follows `torch.are_deterministic_algorithms_enabled()`.
+    False the faster backward for the shape (`tuning.backward_schedule`), which may be the fused one whose dq is
+    summed with float atomics and varies in its last bits; None (default) follows
+    `torch.are_deterministic_algorithms_enabled()`.
     """
     _check_inputs(q, k, v, causal, dropout_p)
     _check_masks(q, k, window_size, document_ids, block_mask, block_size)

@@ -71,11 +71,27 @@ def table_key(kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout
 
 
 @cache
+def _tuned_file() -> dict:
+    return json.loads(TUNED_TABLE.read_text()) if TUNED_TABLE.exists() else {}
+
+
+@cache
 def _tuned_table() -> dict[str, LaunchConfig]:
-    if not TUNED_TABLE.exists():
-        return {}
-    raw = json.loads(TUNED_TABLE.read_text())["configs"]
-    return {key: LaunchConfig(**cfg) for key, cfg in raw.items()}
+    return {key: LaunchConfig(**cfg) for key, cfg in _tuned_file().get("configs", {}).items()}
+
+
+@cache
+def backward_schedule(
+    head_dim: int, dtype: str, causal: bool, dropout: bool, seq_len: int, *, interpreting: bool, hopper: bool
+) -> str:
+    """The faster backward where determinism is not asked for: "fused" (5 products, dQ summed with float atomics)
+    or "split" (the deterministic 7-product kernels), as the tuner measured it for this shape on Hopper. Fused
+    elsewhere: it does 5/7 of the work."""
+    if interpreting or not hopper:
+        return "fused"
+    tuned_dtype = "bfloat16" if dtype == "float16" else dtype
+    key = table_key("backward", head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
+    return _tuned_file().get("backward", {}).get(key, "fused")
 
 
 def launch_config(

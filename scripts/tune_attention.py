@@ -126,10 +126,12 @@ def tune_shape(
     warmup: int,
     rep: int,
     dq_reduce: str,
+    split: tuple[LaunchConfig, LaunchConfig] | None,
 ) -> dict:
     """Time every candidate of every pass at one shape; returns {pass: [(config, ms) ...]}. bwd_fused is timed with
-    the two small launches around it (δ and zeroing before, dQ's scale and cast after): the whole fused backward,
-    to compare with bwd_dq + bwd_dkdv."""
+    the two small launches around it (δ and zeroing before, dQ's scale and cast after): the whole fused backward.
+    With `split` (the bwd_dq and bwd_dkdv configurations), "split" is the deterministic backward at those, timed
+    the same way, for the choice between the two (`kernels.tuning.backward_schedule`)."""
     batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
     q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=dtype) for _ in range(4))
     params = AttentionParams(True, dropout_p, 1 / math.sqrt(head_dim), seed=1234, offset=0)
@@ -151,10 +153,19 @@ def tune_shape(
         "bwd_dq": lambda cfg: launch_dq(q, k, v, do, lse, delta, dq, params, cfg),
         "bwd_fused": fused,
     }
+    if split is not None:
+        dq_cfg, dkdv_cfg = split
+
+        def split_backward(_: LaunchConfig) -> None:
+            launch_dq(q, k, v, do, lse, delta, dq, params, dq_cfg, o=o)
+            launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, dkdv_cfg)
+
+        runners["split"] = split_backward
+        passes = [*passes, "split"]
     results = {}
     for kernel_pass in passes:
         run, timings = runners[kernel_pass], []
-        for cfg in candidates(kernel_pass, head_dim):
+        for cfg in candidates(kernel_pass, head_dim) if kernel_pass != "split" else [dq_cfg]:
             launch = functools.partial(run, cfg)
             try:
                 launch()
@@ -192,33 +203,57 @@ def main() -> None:
 
     dtype, dtype_name = torch.bfloat16, "bfloat16"
     passes = args.passes.split(",")
-    table = json.loads(args.out.read_text())["configs"] if args.out.exists() else {}
+    existing = json.loads(args.out.read_text()) if args.out.exists() else {}
+    table, schedules = existing.get("configs", {}), existing.get("backward", {})
     log = []
     started = time.time()
     for head_dim in head_dims:
         for dropout_p in map(float, args.dropout.split(",")):
             for seq_len in map(int, args.seq_lens.split(",")):
-                results = tune_shape(head_dim, seq_len, dropout_p, dtype, passes, args.warmup, args.rep, args.dq_reduce)
+                key_of = functools.partial(
+                    table_key, head_dim=head_dim, dtype=dtype_name, causal=True, dropout=dropout_p > 0, bucket=seq_len
+                )
+                tune_passes = [p for p in passes if p in ("fwd", "bwd_dq", "bwd_dkdv")]
+                results = tune_shape(
+                    head_dim, seq_len, dropout_p, dtype, tune_passes, args.warmup, args.rep, args.dq_reduce, None
+                )
+                if "bwd_fused" in passes:
+                    # The split backward at this run's best configurations, or the table's.
+                    split = tuple(
+                        min(results[p], key=lambda t: t[1])[0] if p in results else LaunchConfig(**table[key_of(p)])
+                        for p in ("bwd_dq", "bwd_dkdv")
+                    )
+                    results |= tune_shape(
+                        head_dim, seq_len, dropout_p, dtype, ["bwd_fused"], args.warmup, args.rep, args.dq_reduce,
+                        split,
+                    )  # fmt: skip
+                    fused_ms, split_ms = (min(ms for _, ms in results[p]) for p in ("bwd_fused", "split"))
+                    schedules[key_of("backward")] = "fused" if fused_ms < split_ms else "split"
                 batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
                 fwd_flops = 4 * batch * heads * seq_len**2 * head_dim * 0.5
                 best = {}
                 for kernel_pass, timings in results.items():
                     cfg, ms = min(timings, key=lambda t: t[1])
                     best[kernel_pass] = ms
-                    key = table_key(kernel_pass, head_dim, dtype_name, True, dropout_p > 0, seq_len)
-                    table[key] = vars(cfg)
-                    log.append(
-                        {
-                            "key": key,
-                            "timings_ms": [{**vars(c), "ms": t} for c, t in timings],
-                            "best": {**vars(cfg), "ms": ms},
-                        }
-                    )
+                    key = key_of(kernel_pass)
+                    if kernel_pass != "split":
+                        table[key] = vars(cfg)
+                    if kernel_pass == "split":  # one timing, at the bwd_dq and bwd_dkdv configurations
+                        configs = {"bwd_dq": vars(split[0]), "bwd_dkdv": vars(split[1])}
+                        log.append({"key": key, "best": {**configs, "ms": ms}})
+                    else:
+                        timings_ms = [{**vars(c), "ms": t} for c, t in timings]
+                        log.append({"key": key, "timings_ms": timings_ms, "best": {**vars(cfg), "ms": ms}})
                 # FLOPs each kernel actually does, in units of the forward: S and dP are recomputed in both halves.
-                rates = {"fwd": 1.0, "bwd_dkdv": 2.0, "bwd_dq": 1.5, "bwd_fused": 2.5}
+                # The two whole backwards are counted alike, at the 2.5 of the benchmark (fused and split compare).
+                rates = {"fwd": 1.0, "bwd_dkdv": 2.0, "bwd_dq": 1.5, "bwd_fused": 2.5, "split": 2.5}
                 cells = [f"{p}: {tflops(rates[p] * fwd_flops, ms):.0f} TFLOP/s" for p, ms in best.items()]
                 print(f"D={head_dim} dropout={dropout_p} T={seq_len}: " + ", ".join(cells), flush=True)
+                save(args, table, schedules, log, started)  # after every shape: a stopped job keeps what it measured
+    print(f"wrote {args.out} ({len(table)} entries) in {round(time.time() - started)} s")
 
+
+def save(args: argparse.Namespace, table: dict, schedules: dict, log: list, started: float) -> None:
     meta = {
         "device": torch.cuda.get_device_name(),
         "date": date.today().isoformat(),
@@ -229,11 +264,11 @@ def main() -> None:
         "tuning_seconds": round(time.time() - started),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "configs": dict(sorted(table.items()))}, indent=1) + "\n")
+    tuned = {"meta": meta, "configs": dict(sorted(table.items())), "backward": dict(sorted(schedules.items()))}
+    args.out.write_text(json.dumps(tuned, indent=1) + "\n")
     if args.log:
         args.log.parent.mkdir(parents=True, exist_ok=True)
         args.log.write_text(json.dumps({"meta": meta, "shapes": log}, indent=1) + "\n")
-    print(f"wrote {args.out} ({len(table)} entries) in {meta['tuning_seconds']} s")
 
 
 if __name__ == "__main__":
