@@ -203,21 +203,41 @@ def _dkdv_tile(
         pT_dropped = pT
     dv += tl.dot(pT_dropped.to(do.dtype), do, input_precision=INPUT_PRECISION)
     dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
+    if DQ_REDUCE == "tma_early" or DQ_REDUCE == "atomic_early":
+        _add_dq(dq_head, dsT, k, offs_m, seq_len_q, start_m, bh, BLOCK_M, MASKED, DQ_REDUCE, INPUT_PRECISION)
     dk += tl.dot(dsT, tl.trans(qT), input_precision=INPUT_PRECISION)
-    if DQ_REDUCE != "none":
-        # This tile's share of dQ = dS·K (unscaled), added to the fp32 accumulator that other key tiles also
-        # add to: the fifth product, instead of recomputing S and dP in a separate dQ pass.
-        head_dim: tl.constexpr = k.shape[1]
-        dq = tl.dot(tl.trans(dsT), k, input_precision=INPUT_PRECISION)  # (BLOCK_M, D)
-        if DQ_REDUCE == "tma":  # one bulk tensor reduce-add of the tile; rows past Tq are clipped by the descriptor
-            dq_head.atomic_add([bh, start_m, 0], tl.reshape(dq, (1, BLOCK_M, head_dim)))
-        else:
-            dq_ptrs = dq_head + offs_m[:, None] * head_dim + tl.arange(0, head_dim)[None, :]
-            if MASKED:
-                tl.atomic_add(dq_ptrs, dq, mask=row_ok[:, None], sem="relaxed")
-            else:
-                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+    if DQ_REDUCE == "tma" or DQ_REDUCE == "atomic":
+        _add_dq(dq_head, dsT, k, offs_m, seq_len_q, start_m, bh, BLOCK_M, MASKED, DQ_REDUCE, INPUT_PRECISION)
     return dk, dv
+
+
+@triton.jit
+def _add_dq(
+    dq_head,
+    dsT,
+    k,
+    offs_m,
+    seq_len_q,
+    start_m,
+    bh,
+    BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr,
+    DQ_REDUCE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """This tile's share of dQ = dS·K (unscaled), added to the fp32 accumulator that the other key tiles add to:
+    the fifth product, instead of recomputing S and dP in a separate dQ pass."""
+    head_dim: tl.constexpr = k.shape[1]
+    dq = tl.dot(tl.trans(dsT), k, input_precision=INPUT_PRECISION)  # (BLOCK_M, D)
+    if DQ_REDUCE == "tma" or DQ_REDUCE == "tma_early":
+        # One bulk tensor reduce-add of the tile; rows past Tq are clipped by the descriptor.
+        dq_head.atomic_add([bh, start_m, 0], tl.reshape(dq, (1, BLOCK_M, head_dim)))
+    else:
+        dq_ptrs = dq_head + offs_m[:, None] * head_dim + tl.arange(0, head_dim)[None, :]
+        if MASKED:
+            tl.atomic_add(dq_ptrs, dq, mask=(offs_m < seq_len_q)[:, None], sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs, dq, sem="relaxed")
 
 
 @triton.jit
@@ -551,14 +571,14 @@ def flash_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     # DQ_REDUCE: this pass also adds dS·K into DQAcc, fp32 (B·H, Tq, D) contiguous, zeroed by the preprocess.
-    if DQ_REDUCE == "tma":
+    if DQ_REDUCE == "tma" or DQ_REDUCE == "tma_early":
         dq_head = tl.make_tensor_descriptor(
             DQAcc,
             shape=[tl.num_programs(1), seq_len_q, HEAD_DIM],
             strides=[seq_len_q * HEAD_DIM, HEAD_DIM, 1],
             block_shape=[1, BLOCK_M, HEAD_DIM],
         )
-    elif DQ_REDUCE == "atomic":
+    elif DQ_REDUCE == "atomic" or DQ_REDUCE == "atomic_early":
         dq_head = DQAcc + bh.to(tl.int64) * seq_len_q * HEAD_DIM
     else:
         dq_head = DQAcc  # None: dQ has its own pass

@@ -188,7 +188,10 @@ def main() -> None:
         "--passes", default="fwd,bwd_dkdv,bwd_dq,bwd_fused", help="tune these; keep the table's entries for the others"
     )
     parser.add_argument(
-        "--dq-reduce", choices=("tma", "atomic"), default="tma", help="how bwd_fused sums dQ (tma: Hopper only)"
+        "--dq-reduce",
+        choices=("tma", "atomic", "tma_early", "atomic_early"),
+        default="tma",
+        help="how bwd_fused sums dQ (tma: Hopper only)",
     )
     parser.add_argument("--warmup", type=int, default=10, help="ms")
     parser.add_argument("--rep", type=int, default=40, help="ms")
