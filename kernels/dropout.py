@@ -28,7 +28,6 @@ import triton.language as tl
 
 PHILOX_ROUNDS = tl.constexpr(7)
 LEVELS = 256  # 8-bit decisions
-COLUMNS_PER_DRAW = 16  # four 32-bit words of four bytes each
 
 
 def keep_threshold(dropout_p: float) -> int:

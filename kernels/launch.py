@@ -67,8 +67,8 @@ class AttentionParams:
     def scalars(self) -> tuple:
         """(qk_scale, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale) as the kernels take them.
 
-        An element is kept when its 16-bit random number is >= threshold, i.e. with probability exactly
-        1 − threshold/2¹⁶; kept values are scaled by the inverse of that probability (unbiased)."""
+        An element is kept when its 8-bit random number is >= threshold, i.e. with probability exactly
+        1 − threshold/256; kept values are scaled by the inverse of that probability (unbiased, `dropout.py`)."""
         offset_lo, offset_hi = self.offset & 0xFFFFFFFF, self.offset >> 32
         threshold, scale = keep_threshold(self.dropout_p), keep_scale(self.dropout_p)
         return self.softmax_scale * LOG2E, self.seed, offset_lo, offset_hi, threshold, scale
