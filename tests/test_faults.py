@@ -144,6 +144,29 @@ def test_overwrite_true_starts_the_run_again(run_dir):
     assert "contradict each other" in failed(train(run_dir, "overwrite=true", "resume=auto"))
 
 
+def test_resume_auto_in_a_run_dir_without_a_checkpoint_keeps_the_earlier_run(tmp_path):
+    run_dir = tmp_path / "run"
+    assert_ok(train(run_dir, "train.max_steps=2", "checkpoint.every=0"))
+    before = {name: (run_dir / name).read_bytes() for name in ("metrics.jsonl", "result.json")}
+    stderr = failed(train(run_dir, "train.max_steps=4", "checkpoint.every=0", "model.n_layer=1", "resume=auto"))
+    assert f"resume=auto: run dir {run_dir} holds a run (metrics.jsonl, result.json) but no checkpoint of it" in stderr
+    assert "Pass overwrite=true to delete it and start again, or another hydra.run.dir" in stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    assert "It has no checkpoint to resume. Pass overwrite=true" in failed(train(run_dir, "train.max_steps=2"))
+
+
+def test_overwrite_true_deletes_the_earlier_runs_files_and_nothing_else(tmp_path):
+    run_dir = tmp_path / "run"
+    assert_ok(train(run_dir, "train.max_steps=1", "wandb.mode=offline"))
+    [earlier_wandb_run] = (run_dir / "wandb").glob("offline-run-*")
+    notes = run_dir / "checkpoints" / "notes.txt"
+    notes.write_text("the user's own file")
+    assert_ok(train(run_dir, "train.max_steps=1", "wandb.mode=offline", "overwrite=true"))
+    [wandb_run] = (run_dir / "wandb").glob("offline-run-*")  # `wandb sync` would upload the earlier one too
+    assert wandb_run != earlier_wandb_run
+    assert notes.read_text() == "the user's own file"
+
+
 # --- 3. a changed setting on resume is applied or refused ---
 
 
