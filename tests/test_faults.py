@@ -402,6 +402,14 @@ def test_only_abandoned_save_temporaries_are_removed(tmp_path):
     assert sorted(tmp_path.iterdir()) == sorted([live, legacy_new, other])
 
 
+def test_resuming_a_finished_run_keeps_its_result(run_dir):
+    assert_ok(train(run_dir, *RESUME))
+    finished = read_result(run_dir)
+    assert finished["perf/tokens_per_sec"] > 0
+    assert_ok(train(run_dir, *RESUME))  # nothing left to train: it evaluates again and keeps the measured speed
+    assert read_result(run_dir) == finished
+
+
 def test_a_torn_last_metrics_line_is_dropped_on_resume(run_dir):
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write('{"step": 3, "train/lo')  # killed mid-write

@@ -1,5 +1,6 @@
 """The training loop: build everything from the config, train, evaluate, checkpoint, and write result.json."""
 
+import json
 import logging
 import math
 import random
@@ -42,7 +43,7 @@ from flashgpt.training.distributed import shutdown as shutdown_distributed
 from flashgpt.training.evaluation import Evaluator
 from flashgpt.training.extension import extend_from_checkpoint
 from flashgpt.training.failures import NonFiniteLossError, oom_request_gib
-from flashgpt.training.metrics import MetricsLogger
+from flashgpt.training.metrics import RESULT_FILE, MetricsLogger
 from flashgpt.training.mfu import device_name, mfu, peak_flops_per_sec
 from flashgpt.training.profiling import StepProfiler
 from flashgpt.training.resume import apply_optimizer_settings, check_resume_config, optimizer_settings
@@ -316,11 +317,21 @@ class Trainer:
             "mem/peak_gib": _peak_memory_gib(self.ctx.device),
             **details,
         }
+        if not self.step_times:  # resumed at its last step, nothing trained: keep the speed the earlier job measured
+            result.update(self._earlier_speed())
         if self.metrics:
             if status != "ok":
                 self._log({"status": status, **details})
             self.metrics.finish(result)
         return status
+
+    def _earlier_speed(self) -> dict[str, Any]:
+        """perf/ and mem/ numbers of the run dir's result.json when it describes this same step, else none."""
+        path = self.run_dir / RESULT_FILE
+        earlier = json.loads(path.read_text()) if path.is_file() else {}
+        if earlier.get("step") != self.step:
+            return {}
+        return {key: earlier[key] for key in ("perf/tokens_per_sec", "perf/mfu", "mem/peak_gib") if key in earlier}
 
 
 def _due(step: int, every: int, last_step: int) -> bool:
