@@ -167,6 +167,13 @@ def test_overwrite_true_deletes_the_earlier_runs_files_and_nothing_else(tmp_path
     assert notes.read_text() == "the user's own file"
 
 
+def test_overwrite_true_never_deletes_the_checkpoint_it_extends_from(run_dir):
+    checkpoint_before = latest(run_dir).read_bytes()
+    stderr = failed(train(run_dir, "seq_len=128", "overwrite=true", f"extend_from={latest(run_dir)}"))
+    assert f"extend_from={latest(run_dir)} is the checkpoint of the run in {run_dir}, which overwrite=true" in stderr
+    assert latest(run_dir).read_bytes() == checkpoint_before
+
+
 # --- 3. a changed setting on resume is applied or refused ---
 
 

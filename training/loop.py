@@ -63,7 +63,7 @@ def run(cfg: DictConfig, run_dir: Path) -> str:
     try:
         # Under torchrun every rank composes its own run dir (${now:...} may differ by a second): use rank 0's.
         run_dir = Path(broadcast_object(str(run_dir), ctx))
-        claim_run_dir(run_dir, config.resume, config.overwrite, ctx.is_main)
+        claim_run_dir(run_dir, config.resume, config.overwrite, ctx.is_main, config.extend_from)
         resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         return Trainer(config, resolved, run_dir, ctx).train()
     finally:

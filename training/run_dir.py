@@ -36,14 +36,27 @@ def earlier_run_files(run_dir: Path) -> list[Path]:
     return [path for path in candidates if path.exists()]
 
 
-def claim_run_dir(run_dir: Path, resume: str | None, overwrite: bool, is_main: bool) -> None:
+def claim_run_dir(
+    run_dir: Path, resume: str | None, overwrite: bool, is_main: bool, extend_from: str | None = None
+) -> None:
     """Check that this run may write into `run_dir` as configured; with overwrite=true, rank 0 (is_main) deletes
     the earlier run's metrics, result, checkpoint and W&B files. Raises RunDirError with the settings to pass."""
     earlier = earlier_run_files(run_dir)
     found = ", ".join(str(path.relative_to(run_dir)) for path in earlier)
-    has_checkpoint = (checkpoint_dir(run_dir) / LATEST).exists()
+    own_checkpoint = checkpoint_dir(run_dir) / LATEST
+    has_checkpoint = own_checkpoint.exists()
     if overwrite and resume is not None:
         raise RunDirError(f"overwrite=true and resume={resume} contradict each other; pass one of them")
+    if (
+        overwrite
+        and extend_from is not None
+        and has_checkpoint
+        and Path(extend_from).resolve() == own_checkpoint.resolve()
+    ):
+        raise RunDirError(
+            f"extend_from={extend_from} is the checkpoint of the run in {run_dir}, which overwrite=true would delete "
+            "before it is read. Copy it out of the run dir first, or pass another hydra.run.dir for the extended run"
+        )
     if earlier and resume is None and not overwrite:
         to_continue = "Pass resume=auto to continue it, " if has_checkpoint else "It has no checkpoint to resume. Pass "
         raise RunDirError(
