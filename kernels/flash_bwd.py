@@ -203,11 +203,10 @@ def _dkdv_tile(
         pT_dropped = pT
     dv += tl.dot(pT_dropped.to(do.dtype), do, input_precision=INPUT_PRECISION)
     dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
-    if DQ_REDUCE == "tma_early" or DQ_REDUCE == "atomic_early":
+    if DQ_REDUCE != "none":
+        # Before the dK product, so that the reduction's memory traffic overlaps it (measured: 3-6% faster).
         _add_dq(dq_head, dsT, k, offs_m, seq_len_q, start_m, bh, BLOCK_M, MASKED, DQ_REDUCE, INPUT_PRECISION)
     dk += tl.dot(dsT, tl.trans(qT), input_precision=INPUT_PRECISION)
-    if DQ_REDUCE == "tma" or DQ_REDUCE == "atomic":
-        _add_dq(dq_head, dsT, k, offs_m, seq_len_q, start_m, bh, BLOCK_M, MASKED, DQ_REDUCE, INPUT_PRECISION)
     return dk, dv
 
 
@@ -229,7 +228,7 @@ def _add_dq(
     the fifth product, instead of recomputing S and dP in a separate dQ pass."""
     head_dim: tl.constexpr = k.shape[1]
     dq = tl.dot(tl.trans(dsT), k, input_precision=INPUT_PRECISION)  # (BLOCK_M, D)
-    if DQ_REDUCE == "tma" or DQ_REDUCE == "tma_early":
+    if DQ_REDUCE == "tma":
         # One bulk tensor reduce-add of the tile; rows past Tq are clipped by the descriptor.
         dq_head.atomic_add([bh, start_m, 0], tl.reshape(dq, (1, BLOCK_M, head_dim)))
     else:
@@ -571,14 +570,14 @@ def flash_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     # DQ_REDUCE: this pass also adds dS·K into DQAcc, fp32 (B·H, Tq, D) contiguous, zeroed by the preprocess.
-    if DQ_REDUCE == "tma" or DQ_REDUCE == "tma_early":
+    if DQ_REDUCE == "tma":
         dq_head = tl.make_tensor_descriptor(
             DQAcc,
             shape=[tl.num_programs(1), seq_len_q, HEAD_DIM],
             strides=[seq_len_q * HEAD_DIM, HEAD_DIM, 1],
             block_shape=[1, BLOCK_M, HEAD_DIM],
         )
-    elif DQ_REDUCE == "atomic" or DQ_REDUCE == "atomic_early":
+    elif DQ_REDUCE == "atomic":
         dq_head = DQAcc + bh.to(tl.int64) * seq_len_q * HEAD_DIM
     else:
         dq_head = DQAcc  # None: dQ has its own pass

@@ -235,7 +235,7 @@ def launch_dkdv(
     masks = masks or KernelMasks()
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
-    if dq_reduce.startswith("tma"):
+    if dq_reduce == "tma":
         _set_tma_allocator()
     _launch(
         flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv, dq_acc,

@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--variants", default="split,fused-tma,fused-atomic,fused-tma_early,fused-atomic_early")
+    parser.add_argument("--variants", default="split,fused-tma,fused-atomic")
     parser.add_argument("--fused-config", default=None, help="block_m,block_n,warps,stages for the fused variants")
     args = parser.parse_args()
 
@@ -89,7 +89,7 @@ def main() -> None:
 
         return run
 
-    variants = {"split": split} | {f"fused-{r}": fused(r) for r in ("tma", "atomic", "tma_early", "atomic_early")}
+    variants = {"split": split, "fused-tma": fused("tma"), "fused-atomic": fused("atomic")}
     fwd_flops = 4 * batch * heads * seq_len**2 * head_dim * 0.5
     print(f"T={seq_len} D={head_dim} dropout={args.dropout} B={batch} H={heads}, fused config {fused_cfg}")
     for name in args.variants.split(","):

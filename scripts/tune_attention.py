@@ -189,7 +189,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--dq-reduce",
-        choices=("tma", "atomic", "tma_early", "atomic_early"),
+        choices=("tma", "atomic"),
         default="tma",
         help="how bwd_fused sums dQ (tma: Hopper only)",
     )
