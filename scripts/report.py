@@ -68,8 +68,17 @@ class Run:
 # --- loading ----------------------------------------------------------------------------------------------
 
 
+class ReportError(ValueError):
+    """An input report.py cannot use: the message names it and what it expected."""
+
+
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ReportError(f"{path} is not valid JSON ({error})") from error
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -94,7 +103,14 @@ def load_run(run_dir: Path, name: str) -> Run:
     config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
     result, sweep = _read_json(run_dir / "result.json"), _read_json(run_dir / "sweep.json")
     metrics_path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    if not config and not {"backend", "seq_len"} <= result.keys():
+        raise ReportError(
+            f"{run_dir}: not a train.py run (no config.yaml, and its result.json has no backend and seq_len)"
+        )
+    try:
+        records = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    except json.JSONDecodeError as error:
+        raise ReportError(f"{metrics_path} is not JSON lines ({error})") from error
     train = [r for r in records if "perf/tokens_per_sec" in r]
     steady = [r for r in train if r["step"] > WARMUP_STEPS] or train
     evals = [r for r in records if "val/loss" in r]
@@ -135,19 +151,46 @@ def load_group(group_dir: Path) -> list[Run]:
 def load_bench(raw: Path) -> dict | None:
     """The benchmark JSON copied into raw/bench, if any."""
     files = sorted((raw / "bench").glob("*.json"))
-    return json.loads(files[-1].read_text()) if files else None
+    return read_bench(files[-1]) if files else None
 
 
-def import_runs(source: Path, dest: Path) -> int:
-    """Copy the raw files of every run dir under `source` into `dest` (replaced); returns the count."""
-    shutil.rmtree(dest, ignore_errors=True)
+BENCH_KEYS = ("device", "dtype", "tokens_per_call", "command", "rows")
+
+
+def read_bench(path: Path) -> dict:
+    """A scripts/bench_attention.py JSON, checked to be one."""
+    if not path.is_file():
+        raise ReportError(f"{path}: no such benchmark file (a scripts/bench_attention.py --out JSON)")
+    bench = _read_json(path)
+    missing = [key for key in BENCH_KEYS if not isinstance(bench, dict) or key not in bench]
+    if missing:
+        raise ReportError(f"{path} is not a scripts/bench_attention.py JSON: it has no {', '.join(missing)}")
+    return bench
+
+
+def run_dirs_in(source: Path, flag: str) -> list[Path]:
+    """The train.py run dirs under `source` (given as `flag`); an error when there are none."""
+    if not source.is_dir():
+        raise ReportError(f"{flag} {source}: no such directory (a sweep's output dir of train.py runs)")
     run_dirs = _run_dirs(source, [".hydra/config.yaml", "result.json"])
+    if not run_dirs:
+        raise ReportError(f"{flag} {source} holds no train.py run dir (none has .hydra/config.yaml or result.json)")
+    return run_dirs
+
+
+def import_runs(source: Path, dest: Path, run_dirs: list[Path]) -> int:
+    """Copy the raw files of `run_dirs` (under `source`) into `dest`, replacing it only once the copy is complete;
+    returns the count."""
+    staging = dest.with_name(f".{dest.name}.new")
+    shutil.rmtree(staging, ignore_errors=True)
     for run_dir in run_dirs:
-        target = dest / run_dir.relative_to(source)
+        target = staging / run_dir.relative_to(source)
         target.mkdir(parents=True)
         for src, dst in RAW_FILES.items():
             if (run_dir / src).exists():
                 shutil.copyfile(run_dir / src, target / dst)
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)
     return len(run_dirs)
 
 
@@ -525,15 +568,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return _main(args)
+    except ReportError as error:
+        raise SystemExit(f"report.py: {error}") from error
+
+
+def _main(args: argparse.Namespace) -> int:
     out = args.from_raw or args.out
     if args.out:
-        for group in GROUPS:
-            if source := getattr(args, group):
-                print(f"{group}: {import_runs(source, out / 'raw' / group)} runs from {source}")
+        # Every source is read and checked before anything in out/raw is replaced.
+        sources = {
+            group: (source, run_dirs_in(source, f"--{group}")) for group in GROUPS if (source := getattr(args, group))
+        }
+        if args.bench:
+            read_bench(args.bench)
+        for group, (source, run_dirs) in sources.items():
+            print(f"{group}: {import_runs(source, out / 'raw' / group, run_dirs)} runs from {source}")
         if args.bench:
             shutil.rmtree(out / "raw" / "bench", ignore_errors=True)
             (out / "raw" / "bench").mkdir(parents=True)
             shutil.copyfile(args.bench, out / "raw" / "bench" / args.bench.name)
+    raw = out / "raw"
+    if not any((raw / part).is_dir() for part in (*GROUPS, "bench")):
+        flags = "--speed, --ppl or --bench" if args.out else "--out DIR with --speed, --ppl or --bench"
+        raise ReportError(f"{raw} holds no runs (speed/, ppl/) and no benchmark (bench/): build it with {flags}")
     if args.readme_table:
         print(readme_tables(out), end="")
         return 0

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -190,6 +191,45 @@ def test_raw_copy_is_small_and_rebuilds_the_same_report(sweeps: dict[str, Path])
     assert report.main(["--from-raw", str(sweeps["out"])]) == 0
     assert (sweeps["out"] / "report.md").read_text() == first
     assert (sweeps["out"] / "memory.png").exists()
+
+
+def _raw_files(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (["--speed", "{tmp}/runs/sped"], "--speed {tmp}/runs/sped: no such directory"),
+        (["--speed", "{tmp}/empty"], "--speed {tmp}/empty holds no train.py run dir"),
+        (["--ppl", "{tmp}/runs/ppl", "--bench", "{tmp}/missing.json"], "{tmp}/missing.json: no such benchmark file"),
+        (["--bench", "{tmp}/truncated.json"], "{tmp}/truncated.json is not valid JSON"),
+        (["--bench", "{tmp}/runs/speed/flash-1024/result.json"], "is not a scripts/bench_attention.py JSON: it has no"),
+    ],
+)
+def test_a_bad_source_changes_nothing_in_the_report(sweeps: dict[str, Path], source: list, message: str) -> None:
+    """Every source is read and checked before raw/ is touched: a typo or a foreign file leaves the report as it was."""
+    _build(sweeps)
+    tmp = sweeps["speed"].parents[1]
+    (tmp / "empty").mkdir()
+    (tmp / "truncated.json").write_text('{"device": "NVIDIA H1')
+    before = _raw_files(sweeps["out"])
+    argv = ["--out", str(sweeps["out"]), *(arg.format(tmp=tmp) for arg in source)]
+    with pytest.raises(SystemExit, match=re.escape(message.format(tmp=tmp))):
+        report.main(argv)
+    assert _raw_files(sweeps["out"]) == before
+
+
+@pytest.mark.parametrize("contents", ["nothing", "a foreign result.json"])
+def test_report_on_a_dir_without_runs_says_what_it_needs(tmp_path: Path, contents: str) -> None:
+    if contents == "nothing":
+        message = f"{tmp_path / 'raw'} holds no runs (speed/, ppl/) and no benchmark (bench/)"
+    else:
+        (tmp_path / "raw" / "speed" / "run").mkdir(parents=True)
+        (tmp_path / "raw" / "speed" / "run" / "result.json").write_text('{"status": "ok"}')
+        message = f"{tmp_path / 'raw' / 'speed' / 'run'}: not a train.py run"
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        report.main(["--from-raw", str(tmp_path)])
 
 
 def test_readme_table(sweeps: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
