@@ -26,6 +26,7 @@ import datetime
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -444,13 +445,40 @@ def plan_summary(plan: Plan, runs_dir: Path) -> dict[str, Any]:
     }
 
 
+# A study's name becomes a path (results/<study>): a plain file name, never a path or "..".
+STUDY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def exported_study(tarball: Path) -> str:
+    """The study named in an exported tarball's plan.json, checked to be a plain name."""
+    try:
+        with tarfile.open(tarball) as archive:
+            plan = json.load(archive.extractfile("plan.json"))
+    except (OSError, EOFError, tarfile.TarError, KeyError, json.JSONDecodeError) as error:
+        raise SystemExit(f"{tarball} is not a `study.py export` tarball with a readable plan.json ({error})") from error
+    study = plan.get("study") if isinstance(plan, dict) else None
+    if not isinstance(study, str) or not STUDY_NAME.fullmatch(study):
+        raise SystemExit(
+            f"{tarball}: its plan.json names the study {study!r}, which is not a study name (letters, digits, _ . - "
+            "as in configs/study/<name>.yaml); pass --results DIR to choose where it goes"
+        )
+    return study
+
+
 def import_results(tarball: Path, results_dir: Path) -> Path:
-    """Unpack an exported tarball into results_dir/raw (replacing it)."""
+    """Unpack an exported tarball into results_dir/raw, replacing it only once the whole archive is unpacked."""
     raw = results_dir / "raw"
+    staging = results_dir / ".raw.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        with tarfile.open(tarball) as archive:
+            archive.extractall(staging, filter="data")
+    except (OSError, EOFError, tarfile.TarError) as error:
+        shutil.rmtree(staging)
+        raise SystemExit(f"{tarball} cannot be unpacked ({error}); {raw} is unchanged") from error
     shutil.rmtree(raw, ignore_errors=True)
-    raw.mkdir(parents=True)
-    with tarfile.open(tarball) as archive:
-        archive.extractall(raw, filter="data")
+    staging.rename(raw)
     return raw
 
 
@@ -491,9 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress lines show up as they happen in a captured log
     if args.command == "import":
-        with tarfile.open(args.tarball) as archive:
-            study = json.load(archive.extractfile("plan.json"))["study"]
-        raw = import_results(args.tarball, args.results or ROOT / "results" / study)
+        raw = import_results(args.tarball, args.results or ROOT / "results" / exported_study(args.tarball))
         print(
             f"{raw}: {len(list(raw.glob('runs/**/result.json')))} runs, {len(list(raw.glob('evals/**/*.json')))} "
             f"evaluations; now: python scripts/study_report.py {raw.parent}"

@@ -1,11 +1,14 @@
 """scripts/report.py on run dirs in the trainer's formats; bench_attention.py and sweep.py on the CPU."""
 
+import io
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import matplotlib.image
@@ -21,6 +24,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_attention  # noqa: E402
 import report  # noqa: E402
+import study  # noqa: E402
 import sweep  # noqa: E402
 
 TOKENS_PER_STEP = 32768
@@ -348,3 +352,37 @@ def test_presets_compose_at_every_swept_length(preset: str, eval_windows_tokens:
             assert grad_accum_steps(config.train, seq_len, world_size=1) == 1
             assert config.eval.steps * config.eval.batch_size * seq_len == eval_windows_tokens
             assert config.eval.span_len == 16384 and config.checkpoint.every == 0
+
+
+def _tarball(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("tarball", ["a study named by a path", "a truncated tarball", "no plan.json"])
+def test_study_import_touches_nothing_but_results_of_a_sound_export(tmp_path: Path, tarball: str) -> None:
+    victim = tmp_path / "victim"
+    (victim / "raw").mkdir(parents=True)
+    (victim / "raw" / "keep.txt").write_text("the user's file")
+    escape = os.path.relpath(victim, ROOT / "results")  # results/<study> would be the victim
+    plan = json.dumps({"study": escape, "nodes": {}}).encode()
+    path = tmp_path / "t.tar.gz"
+    if tarball == "a study named by a path":
+        message = "which is not a study name"
+        _tarball(path, {"plan.json": plan})
+    elif tarball == "a truncated tarball":
+        message = "is not a `study.py export` tarball"
+        path.write_bytes(_tarball(tmp_path / "whole.tar.gz", {"plan.json": plan}).read_bytes()[:40])
+    else:
+        message = "with a readable plan.json"
+        _tarball(path, {"spec.yaml": b"name: x"})
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        study.main(["import", str(path)])
+    if tarball == "a truncated tarball":  # --results names the place: the archive is still read before replacing
+        with pytest.raises(SystemExit, match=re.escape(f"{path} cannot be unpacked")):
+            study.main(["import", str(path), "--results", str(victim)])
+    assert (victim / "raw" / "keep.txt").read_text() == "the user's file"
