@@ -4,8 +4,10 @@
 # (default results/gpu-<date>). hydra/omegaconf/wandb must be importable for the train.py parts
 # (`pip install -e ".[train]"`, or the wheels of ../shared/tools/gpu-wheels.sh on a machine without network).
 #
-#   bash scripts/gpu_benchmarks.sh kernels   # attention kernel vs cuDNN / FlashAttention-2, D = 64 and 128, dropout 0 / 0.1,
-#                                            # host time per call, and the GPU check at head dims 40..256
+#   bash scripts/gpu_benchmarks.sh kernels   # attention kernel (default and deterministic backward) vs cuDNN /
+#                                            # FlashAttention-2, D = 64 and 128, dropout 0 / 0.1, host time per call,
+#                                            # and the GPU check at head dims 40..256
+#   bash scripts/gpu_benchmarks.sh tune-backward  # the fused backward's tiles and the fused/split choice per shape
 #   bash scripts/gpu_benchmarks.sh masks     # masked kernel vs compiled FlexAttention at T = 4K, 16K
 #   bash scripts/gpu_benchmarks.sh train     # train.py's step (naive/flash/sdpa) vs a compiled nanoGPT-style step
 #   bash scripts/gpu_benchmarks.sh masks64k  # GPT-2 124M at 64K: dense, sliding window, documents, block-sparse
@@ -13,12 +15,18 @@ set -euo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results/gpu-$(date +%F)}
 mkdir -p "$OUT"
-case "${1:?part: kernels | masks | train | masks64k}" in
+case "${1:?part: kernels | tune-backward | masks | train | masks64k}" in
   kernels)
-    python scripts/bench_attention.py --provider flash,sdpa_cudnn,sdpa_flash --head-dims 64,128 --dropout 0,0.1 \
-      --out "$OUT/bench_attention.json" 2>&1 | tee "$OUT/bench_attention.log"
+    python scripts/bench_attention.py --provider flash,flash_deterministic,sdpa_cudnn,sdpa_flash --head-dims 64 \
+      --dropout 0,0.1 --out "$OUT/bench_attention_d64.json" 2>&1 | tee "$OUT/bench_attention_d64.log"
+    python scripts/bench_attention.py --provider flash,flash_deterministic,sdpa_cudnn --head-dims 128 \
+      --dropout 0,0.1 --out "$OUT/bench_attention_d128.json" 2>&1 | tee "$OUT/bench_attention_d128.log"
     python scripts/bench_attention.py --check-only --head-dims 40,80,96,160,256 --out "$OUT/check_head_dims.json" \
       2>&1 | tee "$OUT/check_head_dims.log"
+    ;;
+  tune-backward)
+    python scripts/tune_attention.py --head-dims 64,128 --dropout 0,0.1 --passes bwd_fused \
+      --out kernels/tuned_h100.json --log "$OUT/tune_fused.json" 2>&1 | tee "$OUT/tune_fused.log"
     ;;
   masks)
     python scripts/bench_masks.py --seq-lens 4096,16384 --out "$OUT/bench_masks.json" 2>&1 | tee "$OUT/bench_masks.log"
