@@ -23,6 +23,8 @@ and a warning would fire for every common setting. Only small rates move noticea
 and silently turn dropout off, so it raises (`check_dropout_p`).
 """
 
+import numbers
+
 import triton
 import triton.language as tl
 
@@ -46,9 +48,12 @@ def keep_scale(dropout_p: float) -> float:
 
 
 def check_dropout_p(dropout_p: float) -> None:
-    """Refuse rates outside [0, 1) and nonzero rates the 8-bit decisions would round to zero."""
-    if not (isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool) and 0.0 <= dropout_p < 1.0):
-        raise ValueError(f"flash_attention: dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    """Refuse non-numbers (numpy scalars are numbers), rates outside [0, 1) and nonzero rates the 8-bit decisions
+    would round to zero."""
+    if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool):
+        raise TypeError(f"flash_attention: dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if not 0.0 <= dropout_p < 1.0:  # also refuses NaN
+        raise ValueError(f"flash_attention: dropout_p must be in [0, 1), got {dropout_p!r}")
     if dropout_p > 0 and keep_threshold(dropout_p) == 0:
         raise ValueError(
             f"flash_attention: dropout_p={dropout_p} rounds to 0 with the kernel's 8-bit dropout decisions "

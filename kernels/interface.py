@@ -30,6 +30,7 @@ are sliced away, and the softmax scale stays 1/√D of the caller's D.
 """
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -125,6 +126,19 @@ def _check_masks(
         seq_len_q, k.shape[2], window_size=window_size, document_ids=document_ids, block_mask=block_mask,
         block_size=block_size, batch=batch, heads=heads, device=q.device, caller="flash_attention",
     )  # fmt: skip
+
+
+def _check_options(softmax_scale: float | None, return_lse: bool) -> None:
+    if softmax_scale is not None and (
+        not isinstance(softmax_scale, numbers.Real)
+        or isinstance(softmax_scale, bool)
+        or not math.isfinite(softmax_scale)
+    ):
+        raise ValueError(
+            f"flash_attention: softmax_scale must be a finite number or None (for 1/√D), got {softmax_scale!r}"
+        )
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"flash_attention: return_lse must be a bool, got {return_lse!r}")
 
 
 def _kernel_masks(
@@ -363,6 +377,10 @@ def flash_attention(
     """
     _check_inputs(q, k, v, causal, dropout_p)
     _check_masks(q, k, window_size, document_ids, block_mask, block_size)
+    _check_options(softmax_scale, return_lse)
+    # Plain Python numbers from here on (numpy scalars are accepted above): the launch path keys on their types.
+    window_size = None if window_size is None else int(window_size)
+    block_size = int(block_size)
     rng_state = _draw_rng_state() if dropout_p > 0 else None
     scale = None if softmax_scale is None else float(softmax_scale)
     if deterministic is None:

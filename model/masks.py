@@ -16,6 +16,7 @@ naive and sdpa backends, the float64 test references and the benchmarks can all 
 """
 
 import math
+import numbers
 
 import torch
 
@@ -47,7 +48,7 @@ def validate_masks(
             "Tq <= Tk is required"
         )
     if window_size is not None and (
-        isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1
+        isinstance(window_size, bool) or not isinstance(window_size, numbers.Integral) or window_size < 1
     ):
         raise ValueError(f"{caller}: window_size must be an int >= 1 (or None for no window), got {window_size!r}")
     if document_ids is not None:
@@ -68,7 +69,7 @@ def validate_masks(
         if device is not None and document_ids.device != device:
             raise ValueError(f"{caller}: document_ids is on {document_ids.device} but q is on {device}")
     if block_mask is not None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
             raise ValueError(f"{caller}: block_size must be an int >= 1, got {block_size!r}")
         if not isinstance(block_mask, torch.Tensor):
             raise TypeError(f"{caller}: block_mask must be a torch.Tensor, got {type(block_mask).__name__}")

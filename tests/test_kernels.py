@@ -291,6 +291,19 @@ def test_zero_dropout_is_exact(seed):
 # Bad input
 
 
+def test_numpy_scalars_are_numbers(seed):
+    """Settings read from numpy (a config, a sweep) work as the equal Python numbers do."""
+    q, k, v = make_qkv(1, 2, 40, 32, "contiguous")
+    doc = torch.zeros(1, 40, dtype=torch.long)
+    torch.manual_seed(seed)
+    expected = flash_attention(q, k, v, dropout_p=0.25, softmax_scale=0.5, window_size=8, document_ids=doc)
+    torch.manual_seed(seed)
+    got = flash_attention(
+        q, k, v, dropout_p=np.float32(0.25), softmax_scale=np.float64(0.5), window_size=np.int64(8), document_ids=doc
+    )
+    assert torch.equal(got, expected)
+
+
 def test_errors_name_the_problem(monkeypatch):
     q = torch.randn(1, 2, 16, 32)
     with pytest.raises(ValueError, match="same shape"):
@@ -309,9 +322,17 @@ def test_errors_name_the_problem(monkeypatch):
         with pytest.raises(ValueError, match=f"head dim {head_dim} .*multiples of 8 from 16 to 256"):
             bad = torch.randn(1, 2, 16, head_dim)
             flash_attention(bad, bad, bad)
-    for p in (1.0, -0.1, 1.5, True):
-        with pytest.raises(ValueError, match="dropout_p"):
+    for p in (1.0, -0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
             flash_attention(q, q, q, dropout_p=p)
+    for p in (True, "0.1", None):
+        with pytest.raises(TypeError, match="dropout_p must be a number"):
+            flash_attention(q, q, q, dropout_p=p)
+    for scale in (float("nan"), float("inf"), "0.125", True):
+        with pytest.raises(ValueError, match="softmax_scale must be a finite number or None"):
+            flash_attention(q, q, q, softmax_scale=scale)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        flash_attention(q, q, q, return_lse="no")
     with pytest.raises(ValueError, match="rounds to 0"):
         flash_attention(q, q, q, dropout_p=0.001)
     with pytest.raises(TypeError, match="causal must be a bool"):
