@@ -27,7 +27,9 @@ keeps the first n_positions positions exact and starts every later one from a tr
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +42,8 @@ from flashgpt.model.gpt import GPT, ModelConfig, PositionEmbedding, position_emb
 
 if TYPE_CHECKING:
     from transformers import GPT2Config, GPT2LMHeadModel
+
+log = logging.getLogger(__name__)
 
 PREFIX = "hf:"
 GPT2_VOCAB = 50257  # GPT-2's BPE tokens, <|endoftext|> = 50256 included
@@ -76,13 +80,25 @@ def load_hf_gpt2(source: str) -> GPT2LMHeadModel:
     """transformers' GPT2LMHeadModel from a local directory or a Hub name (the Hub needs the network or its cache)."""
     _, gpt2_lm_head_model = _transformers()
     try:
-        return gpt2_lm_head_model.from_pretrained(source)
+        model, info = gpt2_lm_head_model.from_pretrained(source, output_loading_info=True)
     except OSError as error:
         raise OSError(
             f"model.init_from=hf:{source}: transformers could not load a GPT-2 from it. Give a directory holding "
             f"config.json and the weights, or a Hub name (e.g. gpt2, gpt2-medium) with the network or a filled "
             f"Hugging Face cache.\n{error}"
         ) from error
+    # transformers fills what it could not load with random weights and only logs it: refuse instead.
+    if model.config.model_type != "gpt2":
+        raise ValueError(f"model.init_from=hf:{source} is a {model.config.model_type!r} model, not GPT-2 ('gpt2')")
+    mismatched = [key[0] if isinstance(key, tuple) else key for key in info["mismatched_keys"]]  # (name, shapes)
+    absent = [*info["missing_keys"], *mismatched]
+    if absent:
+        shown = ", ".join(sorted(absent)[:6]) + (f" and {len(absent) - 6} more" if len(absent) > 6 else "")
+        raise ValueError(
+            f"model.init_from=hf:{source} lacks {len(absent)} of GPT-2's weights or has them in another shape "
+            f"({shown}): transformers would start them from random values"
+        )
+    return model
 
 
 def check_source_config(hf_config: GPT2Config, cfg: ModelConfig, source: str) -> None:
@@ -111,6 +127,11 @@ def check_source_config(hf_config: GPT2Config, cfg: ModelConfig, source: str) ->
         )
     if hf_config.vocab_size > cfg.vocab_size:
         raise ValueError(f"{where} has {hf_config.vocab_size} tokens, more than model.vocab_size={cfg.vocab_size}")
+    if hf_config.vocab_size < GPT2_VOCAB:
+        log.warning(
+            f"{where} has {hf_config.vocab_size} tokens, fewer than GPT-2's {GPT2_VOCAB}: token ids from "
+            f"{hf_config.vocab_size} up start as the mean row, though the data's GPT-2 BPE uses them"
+        )
     if not cfg.bias:
         raise ValueError(f"{where}: GPT-2 has biases; set model.bias=true")
 
@@ -225,9 +246,18 @@ def to_hf_state_dict(state: dict[str, Tensor], n_layer: int, vocab_size: int = G
     return {key: value.detach().cpu().clone().contiguous() for key, value in hf_state.items()}
 
 
-def export(model: GPT, out_dir: Path, vocab_size: int = GPT2_VOCAB) -> Path:
-    """Write `model` as a transformers GPT-2 (config.json, model.safetensors) into out_dir; returns out_dir."""
+def export(model: GPT, out_dir: Path, vocab_size: int = GPT2_VOCAB, force: bool = False) -> Path:
+    """Write `model` as a transformers GPT-2 (config.json, model.safetensors) into out_dir; returns out_dir.
+    A non-empty out_dir is refused, or with force=True replaced as a whole once the new model is written (a model
+    saved over another would keep the other's stale shards or index)."""
     check_learned_positions(model.cfg, "GPT-2 export")
+    if not 1 <= vocab_size <= model.cfg.vocab_size:
+        raise ValueError(
+            f"vocab_size (--vocab-size) = {vocab_size}: must be in [1, {model.cfg.vocab_size}], the model's token rows "
+            f"(GPT-2's vocabulary is {GPT2_VOCAB})"
+        )
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
+        raise FileExistsError(f"{out_dir} exists and is not empty: pass --force to replace it, or another directory")
     _, gpt2_lm_head_model = _transformers()
     hf_model = gpt2_lm_head_model(hf_config_for(model.cfg, model.block_size, vocab_size))
     state = to_hf_state_dict(model.state_dict(), model.cfg.n_layer, vocab_size)
@@ -235,23 +265,31 @@ def export(model: GPT, out_dir: Path, vocab_size: int = GPT2_VOCAB) -> Path:
     if unexpected or set(missing) - {"lm_head.weight"}:  # lm_head is tied to transformer.wte
         raise RuntimeError(f"GPT-2 export: missing {missing}, unexpected {unexpected}")
     hf_model.tie_weights()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    hf_model.save_pretrained(out_dir)
+    staging = out_dir.with_name(f".{out_dir.name}.export")
+    shutil.rmtree(staging, ignore_errors=True)
+    hf_model.save_pretrained(staging)
+    if out_dir.is_dir() and not out_dir.is_symlink():
+        shutil.rmtree(out_dir)
+    else:
+        out_dir.unlink(missing_ok=True)
+    staging.rename(out_dir)
     return out_dir
 
 
 def model_from_checkpoint(checkpoint: Path) -> GPT:
     """The model of a training checkpoint (checkpoints/latest.pt), with the shape its saved config recorded."""
-    from flashgpt.training.checkpoint import load_checkpoint  # weights-only, verified load
+    from flashgpt.training.checkpoint import load_training_state  # weights-only, verified load of a trainer's file
 
-    state = load_checkpoint(checkpoint)
+    state = load_training_state(checkpoint)
     saved = state["config"]
     attention = saved["attention"]
     window, sparse = attention.get("window_size"), (attention.get("block_sparse") or {}).get("pattern")
-    if window is not None or sparse is not None:
+    documents = saved.get("data", {}).get("document_mask", False)
+    if window is not None or sparse is not None or documents:
         raise ValueError(
-            f"{checkpoint} was trained with attention.window_size={window}, attention.block_sparse.pattern={sparse}: "
-            "GPT-2 in transformers attends to every earlier token, so its export would compute something else"
+            f"{checkpoint} was trained with attention.window_size={window}, attention.block_sparse.pattern={sparse}, "
+            f"data.document_mask={documents}: GPT-2 in transformers attends to every earlier token, so its export "
+            "would compute something else"
         )
     fields = ModelConfig.__dataclass_fields__
     cfg = ModelConfig(**{key: value for key, value in saved["model"].items() if key in fields})
@@ -268,10 +306,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     export_parser.add_argument("checkpoint", type=Path, help="e.g. runs/<date>/<time>/checkpoints/latest.pt")
     export_parser.add_argument("out_dir", type=Path)
     export_parser.add_argument("--vocab-size", type=int, default=GPT2_VOCAB, help="token rows to keep (GPT-2: 50257)")
+    export_parser.add_argument("--force", action="store_true", help="replace out_dir if it is not empty")
     args = parser.parse_args(argv)
     if not args.checkpoint.is_file():
         parser.error(f"{args.checkpoint}: no such checkpoint file")
-    out = export(model_from_checkpoint(args.checkpoint), args.out_dir, args.vocab_size)
+    try:
+        out = export(model_from_checkpoint(args.checkpoint), args.out_dir, args.vocab_size, args.force)
+    except (ValueError, FileExistsError) as error:  # CheckpointError is a ValueError
+        parser.error(str(error))
     print(f"wrote {out}: load it with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r})")
     return 0
 

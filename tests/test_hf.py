@@ -4,6 +4,7 @@ same logits again."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_module
-from transformers import GPT2Config, GPT2LMHeadModel
+from safetensors.torch import load_file, save_file
+from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
 from flashgpt.model import hf
 from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.training.checkpoint import save_checkpoint
 from flashgpt.training.config import register_configs, typed_config, validate
 from training_runs import assert_ok, read_result, train
 
@@ -99,6 +102,78 @@ def test_export_is_loaded_by_transformers_with_the_same_logits(source_dir: Path,
 
 
 @torch.no_grad()
+@torch.no_grad()
+def test_export_into_a_model_dir_needs_force_and_then_replaces_it_whole(source_dir: Path, tmp_path: Path) -> None:
+    """A sharded model already there: without --force nothing changes; with it, no stale shard or index is left."""
+    out = tmp_path / "export"
+    source_model(seed=3).save_pretrained(out, max_shard_size="100KB")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "model.safetensors.index.json" in before
+    ours = imported(source_dir)
+    with pytest.raises(FileExistsError, match=f"{out} exists and is not empty: pass --force to replace it"):
+        hf.export(ours, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    hf.export(ours, out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in source_dir.iterdir())
+    reloaded = GPT2LMHeadModel.from_pretrained(out, attn_implementation="eager").eval()
+    idx = tokens(N_POSITIONS, seed=2)
+    assert torch.equal(reloaded(idx).logits, source_model()(idx).logits)
+
+
+@pytest.mark.parametrize("vocab_size", [0, -5, 60000])
+def test_export_vocab_size_must_fit_the_table(source_dir: Path, tmp_path: Path, vocab_size: int) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"vocab_size (--vocab-size) = {vocab_size}: must be in [1, 50304]")):
+        hf.export(imported(source_dir), tmp_path / "export", vocab_size)
+    assert not (tmp_path / "export").exists()
+
+
+def _training_checkpoint(path: Path, **config) -> Path:
+    model = GPT(ModelConfig(name="tiny", **SHAPE), N_POSITIONS, "naive")
+    saved = {"model": {"name": "tiny", **SHAPE}, "attention": {"name": "naive"}, "seq_len": N_POSITIONS, **config}
+    state = {"model": model.state_dict(), "optimizer": {}, "scheduler": {}, "step": 1, "rank_states": []}
+    save_checkpoint({**state, "config": saved, "wandb_run_id": "x"}, path)
+    return path
+
+
+@pytest.mark.parametrize("checkpoint", ["document mask", "foreign"])
+def test_export_refuses_what_gpt2_cannot_compute_or_is_no_checkpoint(
+    tmp_path: Path, checkpoint: str, capsys: pytest.CaptureFixture
+) -> None:
+    if checkpoint == "document mask":
+        path = _training_checkpoint(tmp_path / "latest.pt", data={"document_mask": True})
+        message = "data.document_mask=True: GPT-2 in transformers attends to every earlier token"
+    else:
+        path = tmp_path / "weights.pt"
+        torch.save({"weights": torch.ones(3)}, path)
+        message = f"checkpoint {path} is not a training checkpoint: it lacks model, optimizer"
+    with pytest.raises(SystemExit):
+        hf.main(["export", str(path), str(tmp_path / "export")])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "export").exists()
+
+
+def test_init_from_refuses_another_model_type_and_missing_weights(tmp_path: Path) -> None:
+    model = GPT(ModelConfig(name="tiny", **SHAPE), N_POSITIONS, "naive")
+    BertModel(
+        BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)
+    ).save_pretrained(tmp_path / "bert")
+    with pytest.raises(ValueError, match=r"hf:.*bert is a 'bert' model, not GPT-2"):
+        hf.load_into(model, f"hf:{tmp_path / 'bert'}")
+    source_model().save_pretrained(tmp_path / "gpt2")
+    weights = load_file(tmp_path / "gpt2" / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if ".h.1." not in k}, tmp_path / "gpt2" / "model.safetensors")
+    with pytest.raises(ValueError, match=r"lacks 12 of GPT-2's weights or has them in another shape \(transformer.h.1"):
+        hf.load_into(model, f"hf:{tmp_path / 'gpt2'}")
+
+
+def test_a_small_source_vocabulary_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    GPT2LMHeadModel(
+        GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=N_POSITIONS, vocab_size=1000)
+    ).save_pretrained(tmp_path)
+    hf.load_into(GPT(ModelConfig(name="tiny", **SHAPE), N_POSITIONS, "naive"), f"hf:{tmp_path}")
+    assert "has 1000 tokens, fewer than GPT-2's 50257: token ids from 1000 up start as the mean row" in caplog.text
+
+
 def test_padded_vocab_rows_are_the_mean_row_and_cost_at_most_log_1_plus_n_over_v(source_dir: Path) -> None:
     ours, theirs = imported(source_dir), source_model()
     wte = ours.wte.weight
