@@ -14,6 +14,8 @@ from pathlib import Path
 TUNED_TABLE = Path(__file__).with_name("tuned_h100.json")
 SEQ_LEN_BUCKETS = (1024, 2048, 4096, 8192, 16384)
 PASSES = ("fwd", "bwd_dkdv", "bwd_dq")
+# Passes whose programs own a tile of keys and walk tiles of queries; the others own queries and walk keys.
+KEY_ROW_PASSES = frozenset({"bwd_dkdv"})
 NATIVE_HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernels' HEAD_DIM; other head dims are zero-padded to one of these
 MIN_TILE = 16
 
@@ -31,7 +33,7 @@ class LaunchConfig:
         for tile in (self.block_m, self.block_n):
             if tile < MIN_TILE or tile & (tile - 1):
                 raise ValueError(f"{kernel_pass}: tile {tile} must be a power of two >= {MIN_TILE} ({self})")
-        big, small = (self.block_n, self.block_m) if kernel_pass == "bwd_dkdv" else (self.block_m, self.block_n)
+        big, small = (self.block_n, self.block_m) if kernel_pass in KEY_ROW_PASSES else (self.block_m, self.block_n)
         if big % small:
             raise ValueError(f"{kernel_pass}: tile {small} must divide tile {big} ({self})")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attention_reference import reference_attention, rel_err
-from flashgpt.kernels import flash_attention
+from flashgpt.kernels import flash_attention, flash_mask
 from flashgpt.kernels.interface import flash_attention_backward, flash_attention_forward
 from flashgpt.kernels.launch import AttentionParams, tuned_config
 from flashgpt.model.masks import dense_mask
@@ -279,7 +279,7 @@ def test_masks_through_the_operator_and_torch_compile(seed):
     output and gradients equal eager's (the masks are operator arguments, Tq < Tk under dynamic shapes)."""
     q, k, v = make_qkv(2, 2, 24, 40, 32)
     masks = make_masks("window+docs+blocks", 2, 2, 24, 40)
-    args = (masks["window_size"], masks["document_ids"], masks["block_mask"], masks["block_size"])
+    args = flash_mask(24, 40, head_dim=32, dtype=q.dtype, **masks).operator_args()
     torch.library.opcheck(flash_attention_forward, (q, k, v, None, True, 0.0, None, *args))
     o, lse = flash_attention_forward(q, k, v, None, True, 0.0, None, *args)
     detached = [t.detach() for t in (q, k, v, o, lse)]
