@@ -100,14 +100,13 @@ def _tile_blocks(length: int, tile: int, block_size: int, device: torch.device) 
 
 
 def _kept_tile_lists(
-    prefix: Tensor, block_size: int, n_rows: int, n_cols: int, row_tile: int, col_tile: int
+    prefix: Tensor, row_blocks: tuple[Tensor, Tensor], col_blocks: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, Tensor]:
-    """From the prefix sums of an (H, ceil(n_rows / block_size), ceil(n_cols / block_size)) block mask: counts
+    """From the prefix sums of a block mask and the blocks each row and column tile spans (`_tile_blocks`): counts
     (H, R) int32 of the column tiles that overlap a kept block, per row tile, and indices (H, R, C) int32 whose
     first counts[h, r] entries are those column tiles in ascending order (R, C: the numbers of row and column
     tiles)."""
-    r0, r1 = _tile_blocks(n_rows, row_tile, block_size, prefix.device)
-    c0, c1 = _tile_blocks(n_cols, col_tile, block_size, prefix.device)
+    (r0, r1), (c0, c1) = row_blocks, col_blocks
     r0, r1, c0, c1 = r0[:, None], r1[:, None], c0[None, :], c1[None, :]
     kept = (prefix[:, r1, c1] - prefix[:, r0, c1] - prefix[:, r1, c0] + prefix[:, r0, c0]) > 0
     counts = kept.sum(-1, dtype=torch.int32)
@@ -159,28 +158,42 @@ class FlashMask:
         block_size: int = 128,
         passes: tuple[str, ...] = (),
     ) -> "FlashMask":
-        """The schedules of (validated) masks for each tiling in `tiles` (duplicates are built once)."""
+        """The schedules of (validated) masks for each tiling in `tiles`; what several tilings share is built once."""
+        tiles = tuple(dict.fromkeys(tiles)) if document_ids is not None or block_mask is not None else ()
+        length = {"queries": seq_len_q, "keys": seq_len_k}
+
+        def at(rows: str) -> str:
+            """The positions rows sit at: in self-attention queries and keys share theirs (and their ids)."""
+            return "queries" if seq_len_q == seq_len_k else rows
+
         if document_ids is not None:
             document_ids = document_ids.contiguous()  # the kernels read ids with unit stride
             query_ids = document_ids[:, seq_len_k - seq_len_q :].contiguous()
-            ids = {"queries": (query_ids, document_ids), "keys": (document_ids, query_ids)}
+            ids = {"queries": (query_ids, document_ids), "keys": (document_ids, query_ids)}  # (rows, columns)
             spans: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
+            ranges: dict[tuple[str, int], Tensor] = {}  # by (positions, row tile): the column tile does not matter
         if block_mask is not None:
             block_mask = block_mask.contiguous()
             prefix = _block_prefix(block_mask)
-        tiles = tuple(dict.fromkeys(tiles)) if document_ids is not None or block_mask is not None else ()
+            spanned: dict[tuple[str, int], tuple[Tensor, Tensor]] = {}  # the blocks each tile spans
+
+            def tile_blocks(rows: str, tile: int) -> tuple[Tensor, Tensor]:
+                if (at(rows), tile) not in spanned:
+                    spanned[at(rows), tile] = _tile_blocks(length[rows], tile, block_size, block_mask.device)
+                return spanned[at(rows), tile]
+
         pieces: list[Tensor] = []
         for rows, row_tile, col_tile in tiles:
             if document_ids is not None:
-                # Self-attention: keys and queries carry the same ids, so both kinds of rows share their spans.
-                span_rows = "queries" if seq_len_q == seq_len_k else rows
-                if span_rows not in spans:
-                    spans[span_rows] = _document_spans(*ids[span_rows])
-                pieces.append(_document_tile_ranges(ids[rows][0], spans[span_rows], row_tile))
+                if (at(rows), row_tile) not in ranges:
+                    if at(rows) not in spans:
+                        spans[at(rows)] = _document_spans(*ids[rows])
+                    ranges[at(rows), row_tile] = _document_tile_ranges(ids[rows][0], spans[at(rows)], row_tile)
+                pieces.append(ranges[at(rows), row_tile])
             if block_mask is not None:
-                n_rows, n_cols = (seq_len_q, seq_len_k) if rows == "queries" else (seq_len_k, seq_len_q)
+                cols = "keys" if rows == "queries" else "queries"
                 rows_prefix = prefix if rows == "queries" else prefix.transpose(1, 2)
-                pieces.extend(_kept_tile_lists(rows_prefix, block_size, n_rows, n_cols, row_tile, col_tile))
+                pieces.extend(_kept_tile_lists(rows_prefix, tile_blocks(rows, row_tile), tile_blocks(cols, col_tile)))
         schedule = torch.cat([piece.reshape(-1) for piece in pieces]) if pieces else None
         window_size = effective_window(window_size, seq_len_k)
         return cls(seq_len_q, seq_len_k, window_size, document_ids, block_mask, block_size, schedule, tiles, passes)
@@ -222,7 +235,12 @@ class FlashMask:
                 "e.g. from flash_mask(...).operator_args())"
             )
         expected = sum(math.prod(shape) for key in tiles for shape in mask._shapes(key))
-        if schedule.dtype != torch.int32 or schedule.dim() != 1 or schedule.numel() != expected:
+        if (
+            schedule.dtype != torch.int32
+            or schedule.dim() != 1
+            or schedule.numel() != expected
+            or schedule.stride(0) != 1
+        ):
             raise ValueError(
                 f"{caller}: the schedule is {schedule.dtype} of shape {tuple(schedule.shape)}, but these masks need "
                 f"an int32 vector of {expected} entries for the tiles {describe_tiles(tiles)}: it was built for "
@@ -263,9 +281,10 @@ class FlashMask:
         offset = sum(math.prod(shape) for other in self.tiles[: self.tiles.index(key)] for shape in self._shapes(other))
         views = []
         for shape in self._shapes(key):
-            size = math.prod(shape)
-            views.append(self.schedule[offset : offset + size].view(shape))
-            offset += size
+            # One operator per view (a slice and a view would be two): this runs in every pass of every call.
+            strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+            views.append(self.schedule.as_strided(shape, strides, self.schedule.storage_offset() + offset))
+            offset += math.prod(shape)
         ranges = views.pop(0) if self.document_ids is not None else None
         counts, indices = views if self.block_mask is not None else (None, None)
         return TileSchedule(ranges, counts, indices)
