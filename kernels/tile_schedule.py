@@ -32,6 +32,21 @@ from .tuning import KEY_ROW_PASSES, LaunchConfig
 
 TileKey = tuple[str, int, int]  # (rows: "queries" or "keys", rows per tile, columns per tile)
 ROWS = ("queries", "keys")  # a TileKey's rows, encoded by position in the operators' schedule_tiles
+# Every tensor in a schedule starts on a 16-byte boundary (4 int32 entries), as a tensor of its own would: Triton
+# specialises kernels on their pointers' 16-byte alignment, so views at other offsets would compile other variants.
+ALIGN = 4
+
+
+def _aligned_size(shape: tuple[int, ...]) -> int:
+    """Entries a tensor of `shape` takes in a schedule, padding included."""
+    return -(-math.prod(shape) // ALIGN) * ALIGN
+
+
+def _aligned(piece: Tensor) -> Tensor:
+    """piece flattened and zero-padded to `_aligned_size`."""
+    flat = piece.reshape(-1)
+    pad = -flat.numel() % ALIGN
+    return F.pad(flat, (0, pad)) if pad else flat
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -132,7 +147,8 @@ class FlashMask:
 
     window_size is None or < Tk; document_ids (B, Tk) with unit stride and block_mask (H or 1, ceil(Tq /
     block_size), ceil(Tk / block_size)) bool, contiguous, both on one device. schedule: every tiling's tensors,
-    flattened one after another in the order of `tiles` (documents' ranges, then kept-tile counts and indices),
+    flattened one after another in the order of `tiles` (documents' ranges, then kept-tile counts and indices, each
+    padded to a multiple of ALIGN entries),
     None without documents and block mask. passes: those the tiles were chosen for (flash_mask's `backward`)."""
 
     seq_len_q: int = 0
@@ -194,7 +210,7 @@ class FlashMask:
                 cols = "keys" if rows == "queries" else "queries"
                 rows_prefix = prefix if rows == "queries" else prefix.transpose(1, 2)
                 pieces.extend(_kept_tile_lists(rows_prefix, tile_blocks(rows, row_tile), tile_blocks(cols, col_tile)))
-        schedule = torch.cat([piece.reshape(-1) for piece in pieces]) if pieces else None
+        schedule = torch.cat([_aligned(piece) for piece in pieces]) if pieces else None
         window_size = effective_window(window_size, seq_len_k)
         return cls(seq_len_q, seq_len_k, window_size, document_ids, block_mask, block_size, schedule, tiles, passes)
 
@@ -234,7 +250,7 @@ class FlashMask:
                 f"{caller}: document_ids and block_mask need their tile schedule (schedule and schedule_tiles, "
                 "e.g. from flash_mask(...).operator_args())"
             )
-        expected = sum(math.prod(shape) for key in tiles for shape in mask._shapes(key))
+        expected = sum(_aligned_size(shape) for key in tiles for shape in mask._shapes(key))
         if (
             schedule.dtype != torch.int32
             or schedule.dim() != 1
@@ -278,13 +294,15 @@ class FlashMask:
                 f"mask's schedule holds {describe_tiles(self.tiles)}: build the mask (flash_mask) for this call's "
                 "head dim, dtype, causal and dropout_p"
             )
-        offset = sum(math.prod(shape) for other in self.tiles[: self.tiles.index(key)] for shape in self._shapes(other))
+        offset = sum(
+            _aligned_size(shape) for other in self.tiles[: self.tiles.index(key)] for shape in self._shapes(other)
+        )
         views = []
         for shape in self._shapes(key):
             # One operator per view (a slice and a view would be two): this runs in every pass of every call.
             strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
             views.append(self.schedule.as_strided(shape, strides, self.schedule.storage_offset() + offset))
-            offset += math.prod(shape)
+            offset += _aligned_size(shape)
         ranges = views.pop(0) if self.document_ids is not None else None
         counts, indices = views if self.block_mask is not None else (None, None)
         return TileSchedule(ranges, counts, indices)

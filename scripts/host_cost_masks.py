@@ -1,16 +1,16 @@
-"""Host cost of a masked flash_attention call, measured on a CPU: PyTorch operators dispatched and wall time of one
-forward + backward with the kernel launches stubbed out, so what remains is the Python path and the small tensor
-operations around the kernels (on a GPU each of those operators is a launch).
+"""Host cost of a masked flash_attention call, measured on a CPU: the PyTorch operators dispatched and the wall
+time of one forward (+ backward) with the kernel launches stubbed out, so what remains is the Python path and the
+small tensor operations around the kernels. On a GPU every one of those operators that is neither a view nor an
+allocation is a kernel launch, which is what made the masked calls host-bound.
 
-    PYTHONPATH=. python scripts/host_cost_masks.py        # T = 4096, B = 4, H = 12, D = 64
+    PYTHONPATH=. python scripts/host_cost_masks.py        # T = 4096, B = 4, H = 12, D = 64, bf16
 
-The launch configurations are the GPU's defaults (`tuning._DEFAULTS`, bf16: three different tilings across the
-passes), not the interpreter's. Cases: packed documents (`bench_masks.mixed_documents`) and the local + global block pattern at 15% density
-(block_size 128), against the unmasked causal call. Per case: the call with the masks as keyword arguments
-(schedules built inside the call), and, where `flashgpt.kernels.flash_mask` exists, the call with a mask built
-once beforehand plus that one build. "12 layers" is what one model step of 12 attention calls costs: 12 keyword
-calls, or one build and 12 calls with the prebuilt mask. Times are medians on this machine's CPU, where the
-operators also compute on the CPU: compare the operator counts across machines, the times only within one run.
+Tiles are the GPU's default configurations (`tuning._DEFAULTS`: three different tilings across the passes), not
+the interpreter's. Cases: packed documents (`bench_masks.mixed_documents`) and the local + global block pattern at
+15% density (block_size 128), against the unmasked causal call; each with the masks as keyword arguments
+(schedules built inside the call) and, where `flashgpt.kernels.flash_mask` exists, with a mask built beforehand
+(and that build alone: once per batch for every layer). Times are medians on this machine's CPU, where the
+operators also compute: compare operator counts across machines, times only within one run.
 """
 
 from __future__ import annotations
@@ -36,23 +36,26 @@ import flashgpt.kernels
 from flashgpt.kernels import flash_attention, interface, launch
 from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask
 
-LAYERS = 12
+# Operators that only make a tensor's metadata or allocate memory: no kernel launch on a GPU.
+NO_LAUNCH = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
 
 class CountOps(TorchDispatchMode):
-    """Counts the ATen operators dispatched while active."""
+    """Counts the ATen operators dispatched while active: all of them, and those that launch a kernel on a GPU
+    (neither a view nor an allocation)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.all = self.launching = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
+        self.all += 1
+        self.launching += not (func.is_view or func.overloadpacket.__name__ in NO_LAUNCH)
         return func(*args, **(kwargs or {}))
 
 
-def ops_and_ms(step: Callable[[], object], reps: int) -> tuple[int, float]:
-    """(operators dispatched by one step, median wall ms of a step)."""
+def measure(step: Callable[[], object], reps: int) -> str:
+    """'operators (launching) / ms' of one step: the operators it dispatches and its median wall time."""
     step()  # warm-up: config lookups and caches
     with CountOps() as counter:
         step()
@@ -61,7 +64,7 @@ def ops_and_ms(step: Callable[[], object], reps: int) -> tuple[int, float]:
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)
-    return counter.count, statistics.median(times)
+    return f"{counter.all} ({counter.launching}) / {statistics.median(times):.2f}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,8 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     }
     prebuilt = hasattr(flashgpt.kernels, "flash_mask") and "mask" in inspect.signature(flash_attention).parameters
     print(f"T={seq_len} B={batch} H={heads} D={head_dim}, bf16 on CPU, kernel launches stubbed; {args.reps} reps")
-    print("| mask | call | ops / call | ms / call | ops / 12 layers | ms / 12 layers |")
-    print("|---|---|---|---|---|---|")
+    print("Cells: operators dispatched (of which launch a kernel on a GPU) / median CPU ms.\n")
+    print("| mask | masks given as | forward | forward + backward | one build |")
+    print("|---|---|---|---|---|")
+
+    def forward(**kwargs) -> Callable[[], None]:
+        return lambda: flash_attention(q, k, v, causal=True, **kwargs)
 
     def fwd_bwd(**kwargs) -> Callable[[], None]:
         def step() -> None:
@@ -104,20 +111,17 @@ def main(argv: list[str] | None = None) -> None:
         return step
 
     for name, masks in cases.items():
-        ops, ms = ops_and_ms(fwd_bwd(**masks), args.reps)
-        print(f"| {name} | keyword masks | {ops} | {ms:.2f} | {LAYERS * ops} | {LAYERS * ms:.1f} |")
+        print(
+            f"| {name} | keywords | {measure(forward(**masks), args.reps)} | {measure(fwd_bwd(**masks), args.reps)} | |"
+        )
         if not prebuilt or not masks:
             continue
-        from flashgpt.kernels import FlashMask, flash_mask
+        from flashgpt.kernels import flash_mask
 
-        def build(masks: dict = masks) -> FlashMask:
-            return flash_mask(seq_len, seq_len, head_dim=head_dim, dtype=q.dtype, **masks)
-
-        build_ops, build_ms = ops_and_ms(build, args.reps)
+        build = lambda masks=masks: flash_mask(seq_len, seq_len, head_dim=head_dim, dtype=q.dtype, **masks)
         mask = build()
-        ops, ms = ops_and_ms(fwd_bwd(mask=mask), args.reps)
-        print(f"| {name} | prebuilt mask (+ one build: {build_ops} ops, {build_ms:.2f} ms) | {ops} | {ms:.2f} | "
-              f"{build_ops + LAYERS * ops} | {build_ms + LAYERS * ms:.1f} |")  # fmt: skip
+        print(f"| {name} | mask=flash_mask(...) | {measure(forward(mask=mask), args.reps)} | "
+              f"{measure(fwd_bwd(mask=mask), args.reps)} | {measure(build, args.reps)} |")  # fmt: skip
 
 
 if __name__ == "__main__":

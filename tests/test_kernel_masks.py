@@ -355,6 +355,25 @@ def test_prebuilt_mask_under_torch_compile(seed):
             assert torch.equal(got, want), f"dynamic={dynamic} (seed {seed})"
 
 
+def test_schedule_tensors_start_16_byte_aligned():
+    """Each tiling's tensors are views into one packed schedule, each starting on a 16-byte boundary as a tensor of
+    its own would (Triton specialises on pointer alignment), with the shapes of their tiling."""
+    docs = random_documents(2, 77, mean_len=20)
+    block_mask = random_block_mask(3, 50, 77, 24, 0.5)
+    tiles = (("queries", 16, 32), ("keys", 32, 16), ("queries", 16, 16))
+    built = FlashMask.build(50, 77, tiles, document_ids=docs, block_mask=block_mask, block_size=24)
+    assert built.schedule.data_ptr() % 16 == 0
+    for rows, row_tile, col_tile in tiles:
+        cfg = LaunchConfig(row_tile, col_tile, 1, 1) if rows == "queries" else LaunchConfig(col_tile, row_tile, 1, 1)
+        schedule = built.tile_schedule("fwd" if rows == "queries" else "bwd_dkdv", cfg)
+        n_rows = math.ceil((50 if rows == "queries" else 77) / row_tile)
+        n_cols = math.ceil((77 if rows == "queries" else 50) / col_tile)
+        assert schedule.ranges.shape == (2, n_rows, 4)
+        assert schedule.counts.shape == (3, n_rows) and schedule.indices.shape == (3, n_rows, n_cols)
+        for t in (schedule.ranges, schedule.counts, schedule.indices):
+            assert t.data_ptr() % 16 == 0 and t.is_contiguous(), (rows, row_tile, col_tile)
+
+
 def test_a_mask_built_for_another_call_raises(monkeypatch):
     """A mask used with other shapes, batch, tiles (another dtype, where the tiles depend on it) or with gradients
     it was not built for fails naming the mismatch, never computes a wrong answer; so do the operators given a
