@@ -65,6 +65,14 @@ def native_head_dim(head_dim: int) -> int:
     return next(d for d in NATIVE_HEAD_DIMS if d >= head_dim)
 
 
+def _check_head_dim(head_dim: int, caller: str) -> None:
+    if head_dim % HEAD_DIM_MULTIPLE or not NATIVE_HEAD_DIMS[0] <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"{caller}: head dim {head_dim} is not supported; supported: multiples of {HEAD_DIM_MULTIPLE} "
+            f"from {NATIVE_HEAD_DIMS[0]} to {MAX_HEAD_DIM}"
+        )
+
+
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -94,11 +102,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: floa
     if not isinstance(causal, bool):
         raise TypeError(f"flash_attention: causal must be a bool, got {causal!r}")
     batch, heads, seq_len, head_dim = q.shape
-    if head_dim % HEAD_DIM_MULTIPLE or not NATIVE_HEAD_DIMS[0] <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"flash_attention: head dim {head_dim} is not supported; supported: multiples of {HEAD_DIM_MULTIPLE} "
-            f"from {NATIVE_HEAD_DIMS[0]} to {MAX_HEAD_DIM}"
-        )
+    _check_head_dim(head_dim, "flash_attention")
     if seq_len < 1 or batch < 1 or heads < 1:
         raise ValueError(f"flash_attention: empty input of shape {tuple(q.shape)}")
     check_dropout_p(dropout_p)
@@ -179,8 +183,7 @@ def flash_mask(
     operations on the masks' device; under torch.compile it is traced into the graph."""
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"flash_mask: dtype {dtype} is not supported; supported: float16, bfloat16 and float32")
-    if head_dim % HEAD_DIM_MULTIPLE or not NATIVE_HEAD_DIMS[0] <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"flash_mask: head_dim {head_dim} is not supported by flash_attention")
+    _check_head_dim(head_dim, "flash_mask")
     check_dropout_p(dropout_p)
     validate_masks(
         seq_len_q, seq_len_k, window_size=window_size, document_ids=document_ids, block_mask=block_mask,

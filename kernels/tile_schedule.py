@@ -37,9 +37,13 @@ ROWS = ("queries", "keys")  # a TileKey's rows, encoded by position in the opera
 ALIGN = 4
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _aligned_size(shape: tuple[int, ...]) -> int:
     """Entries a tensor of `shape` takes in a schedule, padding included."""
-    return -(-math.prod(shape) // ALIGN) * ALIGN
+    return _cdiv(math.prod(shape), ALIGN) * ALIGN
 
 
 def _aligned(piece: Tensor) -> Tensor:
@@ -47,10 +51,6 @@ def _aligned(piece: Tensor) -> Tensor:
     flat = piece.reshape(-1)
     pad = -flat.numel() % ALIGN
     return F.pad(flat, (0, pad)) if pad else flat
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def tile_key(kernel_pass: str, cfg: LaunchConfig) -> TileKey:
@@ -148,8 +148,8 @@ class FlashMask:
     window_size is None or < Tk; document_ids (B, Tk) with unit stride and block_mask (H or 1, ceil(Tq /
     block_size), ceil(Tk / block_size)) bool, contiguous, both on one device. schedule: every tiling's tensors,
     flattened one after another in the order of `tiles` (documents' ranges, then kept-tile counts and indices, each
-    padded to a multiple of ALIGN entries),
-    None without documents and block mask. passes: those the tiles were chosen for (flash_mask's `backward`)."""
+    padded to a multiple of ALIGN entries); None without documents and block mask. passes: those the tiles were
+    chosen for (flash_mask's `backward`)."""
 
     seq_len_q: int = 0
     seq_len_k: int = 0
