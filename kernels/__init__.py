@@ -1,6 +1,7 @@
 """Fused FlashAttention (forward and backward) in Triton."""
 
 from .dropout import effective_dropout_p
-from .interface import flash_attention
+from .interface import flash_attention, flash_mask
+from .tile_schedule import FlashMask
 
-__all__ = ["effective_dropout_p", "flash_attention"]
+__all__ = ["FlashMask", "effective_dropout_p", "flash_attention", "flash_mask"]

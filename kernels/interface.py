@@ -4,11 +4,14 @@ The kernels run inside two `torch.library` custom operators, so `torch.compile` 
 (static or dynamic shapes, no graph break) and AOTAutograd sees their backward:
 
     flashgpt::flash_attention_forward(q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size,
-        document_ids, block_mask, block_size) -> (o, lse)
+        document_ids, block_mask, block_size, schedule, schedule_tiles) -> (o, lse)
     flashgpt::flash_attention_backward(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale,
-        window_size, document_ids, block_mask, block_size) -> (dq, dk, dv)
+        window_size, document_ids, block_mask, block_size, schedule, schedule_tiles) -> (dq, dk, dv)
 
-Both are pure functions of their inputs; the launch configuration is looked up inside them at run time.
+Both are pure functions of their inputs; the launch configuration is looked up inside them at run time. Document
+ids and block masks come with their tile schedules (`tile_schedule.FlashMask`: one int32 tensor and its tilings
+as ints), built outside the operators, once per batch by `flash_mask` or once per call by `flash_attention`, so
+the operators run no schedule operation and the backward reuses the forward's.
 
 Dropout randomness: `rng_state` is a CPU int64 tensor [seed, offset] drawn by `torch.randint` in
 `flash_attention`, i.e. from PyTorch's default CPU generator, so `torch.manual_seed` (and a checkpoint's saved
@@ -31,6 +34,7 @@ are sliced away, and the softmax scale stays 1/√D of the caller's D.
 
 import math
 import numbers
+import operator
 
 import torch
 from torch import Tensor
@@ -48,10 +52,11 @@ from .launch import (
     launch_dq_convert,
     launch_forward,
     launch_preprocess,
+    launch_tiles,
     tuned_config,
 )
-from .tile_schedule import KernelMasks
-from .tuning import NATIVE_HEAD_DIMS, backward_schedule
+from .tile_schedule import FlashMask, TileKey
+from .tuning import NATIVE_HEAD_DIMS, PASSES, backward_schedule, seq_len_bucket
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 8
@@ -63,6 +68,14 @@ MAX_DROPOUT_SEQ_LEN = 262_144
 def native_head_dim(head_dim: int) -> int:
     """The kernel head dim that `head_dim` runs at: itself if native, else the next native one (zero-padded)."""
     return next(d for d in NATIVE_HEAD_DIMS if d >= head_dim)
+
+
+def _check_head_dim(head_dim: int, caller: str) -> None:
+    if head_dim % HEAD_DIM_MULTIPLE or not NATIVE_HEAD_DIMS[0] <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"{caller}: head dim {head_dim} is not supported; supported: multiples of {HEAD_DIM_MULTIPLE} "
+            f"from {NATIVE_HEAD_DIMS[0]} to {MAX_HEAD_DIM}"
+        )
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> None:
@@ -94,11 +107,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: floa
     if not isinstance(causal, bool):
         raise TypeError(f"flash_attention: causal must be a bool, got {causal!r}")
     batch, heads, seq_len, head_dim = q.shape
-    if head_dim % HEAD_DIM_MULTIPLE or not NATIVE_HEAD_DIMS[0] <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"flash_attention: head dim {head_dim} is not supported; supported: multiples of {HEAD_DIM_MULTIPLE} "
-            f"from {NATIVE_HEAD_DIMS[0]} to {MAX_HEAD_DIM}"
-        )
+    _check_head_dim(head_dim, "flash_attention")
     if seq_len < 1 or batch < 1 or heads < 1:
         raise ValueError(f"flash_attention: empty input of shape {tuple(q.shape)}")
     check_dropout_p(dropout_p)
@@ -141,11 +150,103 @@ def _check_options(softmax_scale: float | None, return_lse: bool) -> None:
         raise TypeError(f"flash_attention: return_lse must be a bool, got {return_lse!r}")
 
 
+def _build_mask(
+    seq_len_q: int,
+    seq_len_k: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    causal: bool,
+    dropout_p: float,
+    window_size: int | None,
+    document_ids: Tensor | None,
+    block_mask: Tensor | None,
+    block_size: int,
+    backward: bool,
+) -> FlashMask:
+    """`flash_mask` for validated arguments."""
+    window_size, block_size = None if window_size is None else int(window_size), int(block_size)
+    passes = PASSES if backward else ("fwd",)
+    tiles: tuple[TileKey, ...] = ()
+    if document_ids is not None or block_mask is not None:
+        device = (document_ids if document_ids is not None else block_mask).device
+        # Only Python constants go to launch_tiles, so that torch.compile neither breaks the graph nor guards on
+        # more than the T bucket: a branch specialises a dropout_p traced as a symbolic float, operator.index a
+        # symbolic block_size.
+        dropout = True if dropout_p > 0 else False  # noqa: SIM210
+        fit = operator.index(block_size) if block_mask is not None else None
+        tiles = launch_tiles(passes, native_head_dim(head_dim), dtype, device.type, device.index, causal, dropout,
+                             seq_len_bucket(seq_len_k), fit)  # fmt: skip
+    return FlashMask.build(seq_len_q, seq_len_k, tiles, window_size=window_size, document_ids=document_ids,
+                           block_mask=block_mask, block_size=block_size, passes=passes)  # fmt: skip
+
+
+def flash_mask(
+    seq_len_q: int,
+    seq_len_k: int,
+    *,
+    head_dim: int,
+    dtype: torch.dtype,
+    causal: bool = True,
+    dropout_p: float = 0.0,
+    window_size: int | None = None,
+    document_ids: Tensor | None = None,
+    block_mask: Tensor | None = None,
+    block_size: int = 128,
+    backward: bool = True,
+) -> FlashMask:
+    """The masks of `flash_attention` (same arguments and semantics) with their tile schedules, built once for
+    every call on queries of seq_len_q rows, head_dim and dtype and keys of seq_len_k rows with these causal and
+    dropout_p, e.g. every layer of a model step: `flash_attention(q, k, v, mask=flash_mask(...))`. The tiles depend
+    on those arguments, so a call that launches others raises. backward=False builds the forward's schedule only,
+    for calls that need no gradient. Like FlexAttention's create_block_mask, this launches a few dozen small tensor
+    operations on the masks' device; under torch.compile it is traced into the graph."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"flash_mask: dtype {dtype} is not supported; supported: float16, bfloat16 and float32")
+    _check_head_dim(head_dim, "flash_mask")
+    check_dropout_p(dropout_p)
+    validate_masks(
+        seq_len_q, seq_len_k, window_size=window_size, document_ids=document_ids, block_mask=block_mask,
+        block_size=block_size, caller="flash_mask",
+    )  # fmt: skip
+    if document_ids is not None and block_mask is not None and document_ids.device != block_mask.device:
+        raise ValueError(f"flash_mask: document_ids is on {document_ids.device} but block_mask on {block_mask.device}")
+    return _build_mask(seq_len_q, seq_len_k, head_dim, dtype, causal, dropout_p, window_size, document_ids,
+                       block_mask, block_size, backward)  # fmt: skip
+
+
+def _check_prebuilt(mask: FlashMask, q: Tensor, k: Tensor, backward: bool) -> None:
+    """A mask from flash_mask fits this call's shapes and devices, and has the backward's schedules if needed. The
+    operators check that it holds the tiles they launch with (which depend on the dtype, head dim, causal and
+    dropout_p it was built for)."""
+    if not isinstance(mask, FlashMask):
+        raise TypeError(f"flash_attention: mask must be a FlashMask from flash_mask, got {type(mask).__name__}")
+    if (q.shape[2], k.shape[2]) != (mask.seq_len_q, mask.seq_len_k):
+        raise ValueError(
+            f"flash_attention: mask was built for Tq={mask.seq_len_q}, Tk={mask.seq_len_k}, but q has Tq={q.shape[2]} "
+            f"and k Tk={k.shape[2]}"
+        )
+    _check_masks(q, k, mask.window_size, mask.document_ids, mask.block_mask, mask.block_size)
+    if backward and mask.schedule is not None and mask.passes != PASSES:
+        raise ValueError(
+            f"flash_attention: mask was built for the passes {', '.join(mask.passes)} only (flash_mask with "
+            "backward=False), but q, k or v requires grad"
+        )
+
+
 def _kernel_masks(
-    k: Tensor, window_size: int | None, document_ids: Tensor | None, block_mask: Tensor | None, block_size: int
-) -> tuple[KernelMasks, dict]:
+    q: Tensor,
+    k: Tensor,
+    window_size: int | None,
+    document_ids: Tensor | None,
+    block_mask: Tensor | None,
+    block_size: int,
+    schedule: Tensor | None,
+    schedule_tiles: list[int] | None,
+) -> tuple[FlashMask, dict]:
     """The masks as the launches take them, and the tuned_config arguments (Tk; tiles that fit the blocks)."""
-    masks = KernelMasks.build(k.shape[2], window_size, document_ids, block_mask, block_size)
+    masks = FlashMask.from_operator_args(
+        q.shape[2], k.shape[2], window_size, document_ids, block_mask, block_size, schedule, schedule_tiles
+    )
     return masks, {"seq_len_k": k.shape[2], "block_size": block_size if block_mask is not None else None}
 
 
@@ -199,13 +300,15 @@ def _forward(
     document_ids: Tensor | None = None,
     block_mask: Tensor | None = None,
     block_size: int = 128,
+    schedule: Tensor | None = None,
+    schedule_tiles: list[int] | None = None,
     deterministic: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """o (B, H, Tq, D) and lse (B, H, Tq) fp32. Inputs are assumed checked (`flash_attention` does that).
     `deterministic` is for the backward (bit-identical gradients from run to run)."""
     batch, heads, seq_len, head_dim = q.shape
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
-    masks, fit = _kernel_masks(k, window_size, document_ids, block_mask, block_size)
+    masks, fit = _kernel_masks(q, k, window_size, document_ids, block_mask, block_size, schedule, schedule_tiles)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v = (_pad_head_dim(t, native) for t in (q, k, v))
@@ -220,7 +323,7 @@ flash_attention_forward = torch.library.custom_op("flashgpt::flash_attention_for
 
 @flash_attention_forward.register_fake
 def _(q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size=None, document_ids=None, block_mask=None,
-      block_size=128, deterministic=False):  # fmt: skip
+      block_size=128, schedule=None, schedule_tiles=None, deterministic=False):  # fmt: skip
     native = native_head_dim(q.shape[-1])
     o = torch.empty_like(q) if native == q.shape[-1] else _padded_empty(q, native)
     return o, q.new_empty(q.shape[:3], dtype=torch.float32)
@@ -242,12 +345,14 @@ def _backward_kernels(
     document_ids: Tensor | None = None,
     block_mask: Tensor | None = None,
     block_size: int = 128,
+    schedule: Tensor | None = None,
+    schedule_tiles: list[int] | None = None,
     deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv from the output gradient `do` and, if not None, the log-sum-exp gradient `dlse`."""
     head_dim = q.shape[-1]
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
-    masks, fit = _kernel_masks(k, window_size, document_ids, block_mask, block_size)
+    masks, fit = _kernel_masks(q, k, window_size, document_ids, block_mask, block_size, schedule, schedule_tiles)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
@@ -278,7 +383,7 @@ flash_attention_backward = torch.library.custom_op(
 
 @flash_attention_backward.register_fake
 def _(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale, window_size=None, document_ids=None,
-      block_mask=None, block_size=128, deterministic=False):  # fmt: skip
+      block_mask=None, block_size=128, schedule=None, schedule_tiles=None, deterministic=False):  # fmt: skip
     native = native_head_dim(q.shape[-1])
     if native == q.shape[-1]:
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -286,26 +391,26 @@ def _(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale, wi
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
-    q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size, document_ids, block_mask, block_size, det = (
-        inputs
-    )
+    (q, k, v, rng_state, causal, dropout_p, softmax_scale, window_size, document_ids, block_mask, block_size,
+     schedule, schedule_tiles, deterministic) = inputs  # fmt: skip
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, rng_state, document_ids, block_mask)
+    ctx.save_for_backward(q, k, v, o, lse, rng_state, document_ids, block_mask, schedule)
     ctx.args = (causal, dropout_p, softmax_scale)
-    ctx.window_size, ctx.block_size, ctx.deterministic = window_size, block_size, det
+    ctx.window_size, ctx.block_size, ctx.schedule_tiles = window_size, block_size, schedule_tiles
+    ctx.deterministic = deterministic
     # An unused lse (the usual case) then arrives as None rather than a tensor of zeros to subtract.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, do: Tensor | None, dlse: Tensor | None) -> tuple:
-    q, k, v, o, lse, rng_state, document_ids, block_mask = ctx.saved_tensors
+    q, k, v, o, lse, rng_state, document_ids, block_mask, schedule = ctx.saved_tensors
     if do is None:  # only the log-sum-exp was used
         do = torch.zeros_like(o)
     # With create_graph the gradients must come from the operator, whose own backward refuses a second derivative.
     run = _backward_kernels if _plain_eager(do) and not torch.is_grad_enabled() else flash_attention_backward
-    masks = (ctx.window_size, document_ids, block_mask, ctx.block_size)
+    masks = (ctx.window_size, document_ids, block_mask, ctx.block_size, schedule, ctx.schedule_tiles)
     dq, dk, dv = run(do, q, k, v, o, lse, dlse, rng_state, *ctx.args, *masks, ctx.deterministic)
-    return dq, dk, dv, *[None] * 9
+    return dq, dk, dv, *[None] * (len(ctx.needs_input_grad) - 3)
 
 
 def _refuse_double_backward(ctx, *grads) -> None:
@@ -354,6 +459,7 @@ def flash_attention(
     document_ids: Tensor | None = None,
     block_mask: Tensor | None = None,
     block_size: int = 128,
+    mask: FlashMask | None = None,
     deterministic: bool | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention softmax(q·kᵀ·scale + masks)·v with dropout on the probabilities, fused in Triton.
@@ -366,6 +472,9 @@ def flash_attention(
     ceil(Tq / block_size), ceil(Tk / block_size)) bool (block-sparse; a block_size that is a multiple of 16 keeps
     the per-element mask off whole tiles). Tiles the masks remove are never computed. A row that sees no key gives
     o = 0, lse = −inf and zero gradients.
+    `mask`: instead of window_size, document_ids, block_mask and block_size, those masks with their tile schedules
+    built once by `flash_mask` for every call that uses them (e.g. every layer of a model step). Given as keyword
+    arguments, document ids and block masks have their schedules built on every call (a few dozen small launches).
     Returns o (B, H, Tq, D), and with `return_lse` also the float32 log-sum-exp (B, H, Tq) of each row of the
     scaled, masked scores. Differentiable in q, k and v, also through the returned lse. Dropout draws its seed from
     PyTorch's default generator, so `torch.manual_seed` makes it reproducible; its rate is rounded to a multiple
@@ -376,11 +485,22 @@ def flash_attention(
     `torch.are_deterministic_algorithms_enabled()`.
     """
     _check_inputs(q, k, v, causal, dropout_p)
-    _check_masks(q, k, window_size, document_ids, block_mask, block_size)
     _check_options(softmax_scale, return_lse)
-    # Plain Python numbers from here on (numpy scalars are accepted above): the launch path keys on their types.
-    window_size = None if window_size is None else int(window_size)
-    block_size = int(block_size)
+    backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if mask is not None:
+        if window_size is not None or document_ids is not None or block_mask is not None:
+            raise ValueError(
+                "flash_attention: give the masks either built (mask=) or as window_size / document_ids / block_mask"
+            )
+        _check_prebuilt(mask, q, k, backward)
+    else:
+        _check_masks(q, k, window_size, document_ids, block_mask, block_size)
+        # Plain Python ints from here on (numpy integers pass the checks): the launch path keys on types.
+        window_size, block_size = None if window_size is None else int(window_size), int(block_size)
+        if document_ids is not None or block_mask is not None:  # built once for the forward and the backward
+            mask = _build_mask(q.shape[2], k.shape[2], q.shape[-1], q.dtype, causal, dropout_p, window_size,
+                               document_ids, block_mask, block_size, backward)  # fmt: skip
+    masks = (window_size, document_ids, block_mask, block_size, None, None) if mask is None else mask.operator_args()
     rng_state = _draw_rng_state() if dropout_p > 0 else None
     scale = None if softmax_scale is None else float(softmax_scale)
     if deterministic is None:
@@ -388,8 +508,5 @@ def flash_attention(
     elif not isinstance(deterministic, bool):
         raise TypeError(f"flash_attention: deterministic must be a bool or None, got {deterministic!r}")
     attention = _EagerFlashAttention.apply if _plain_eager(q) else flash_attention_forward
-    o, lse = attention(
-        q, k, v, rng_state, causal, float(dropout_p), scale, window_size, document_ids, block_mask, block_size,
-        deterministic,
-    )  # fmt: skip
+    o, lse = attention(q, k, v, rng_state, causal, float(dropout_p), scale, *masks, deterministic)
     return (o, lse) if return_lse else o

@@ -21,7 +21,7 @@ from .flash_bwd import (
     flash_bwd_preprocess_kernel,
 )
 from .flash_fwd import flash_fwd_kernel
-from .tile_schedule import KernelMasks
+from .tile_schedule import FlashMask, TileKey, tile_key
 from .tuning import MIN_TILE, LaunchConfig, launch_config
 
 LOG2E = math.log2(math.e)
@@ -98,6 +98,28 @@ def fit_tiles_to_blocks(cfg: LaunchConfig, block_size: int) -> LaunchConfig:
     return replace(cfg, block_m=min(cfg.block_m, largest), block_n=min(cfg.block_n, largest))
 
 
+def config_for(
+    kernel_pass: str,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    causal: bool,
+    dropout: bool,
+    seq_len_k: int,
+    block_size: int | None = None,
+) -> LaunchConfig:
+    """The configuration for queries of `head_dim` and `dtype` on `device` and keys of length seq_len_k; with the
+    block_size of a block mask, tiles that fit it (`fit_tiles_to_blocks`)."""
+    hopper = device.type == "cuda" and is_hopper(device)
+    cfg = launch_config(
+        kernel_pass, head_dim, dtype_name(dtype), causal, dropout, seq_len_k, interpreting=interpreting(), hopper=hopper
+    )
+    if block_size is not None:
+        cfg = fit_tiles_to_blocks(cfg, block_size)
+    cfg.validate(kernel_pass)
+    return cfg
+
+
 def tuned_config(
     kernel_pass: str,
     q: torch.Tensor,
@@ -106,26 +128,33 @@ def tuned_config(
     seq_len_k: int | None = None,
     block_size: int | None = None,
 ) -> LaunchConfig:
-    """The configuration for q and keys of length seq_len_k (default Tq); with the block_size of a block mask, tiles
-    that fit it (`fit_tiles_to_blocks`)."""
-    hopper = q.is_cuda and is_hopper(q.device)
-    cfg = launch_config(
-        kernel_pass,
-        q.shape[-1],
-        dtype_name(q.dtype),
-        params.causal,
-        params.dropout,
-        q.shape[2] if seq_len_k is None else seq_len_k,
-        interpreting=interpreting(),
-        hopper=hopper,
+    """`config_for` q and keys of length seq_len_k (default Tq)."""
+    seq_len_k = q.shape[2] if seq_len_k is None else seq_len_k
+    return config_for(kernel_pass, q.shape[-1], q.dtype, q.device, params.causal, params.dropout, seq_len_k, block_size)
+
+
+@torch.compiler.assume_constant_result
+def launch_tiles(
+    passes: tuple[str, ...],
+    head_dim: int,
+    dtype: torch.dtype,
+    device_type: str,
+    device_index: int | None,
+    causal: bool,
+    dropout: bool,
+    seq_len_bucket: int,
+    block_size: int | None,
+) -> tuple[TileKey, ...]:
+    """The tiling each of `passes` launches with (`config_for`; seq_len_bucket: `tuning.seq_len_bucket` of Tk).
+    A constant to torch.compile, which then neither traces the table lookup (it reads a file) nor guards on more
+    than the T bucket."""
+    device = torch.device(device_type, device_index)
+    return tuple(
+        tile_key(p, config_for(p, head_dim, dtype, device, causal, dropout, seq_len_bucket, block_size)) for p in passes
     )
-    if block_size is not None:
-        cfg = fit_tiles_to_blocks(cfg, block_size)
-    cfg.validate(kernel_pass)
-    return cfg
 
 
-def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks) -> dict:
+def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask) -> dict:
     """Constexprs shared by all passes. The interpreter computes bf16 tl.dot wrongly (triton#11584), so bf16
     tiles are upcast to fp32 there; fp32 inputs get IEEE products (Triton's fp32 default on GPUs is TF32). Each
     mask is a constexpr flag, so the unmasked kernel compiles to exactly the code it had before masks existed.
@@ -149,22 +178,22 @@ def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: K
     )
 
 
-def _mask_args(masks: KernelMasks, q: torch.Tensor, k: torch.Tensor, cfg: LaunchConfig, kernel_pass: str) -> tuple:
+def _mask_args(masks: FlashMask, cfg: LaunchConfig, kernel_pass: str) -> tuple:
     """(window_size, DocIds, stride, DocRanges, stride, KeptCount, stride_h, KeptIndex, stride_h, stride_r,
-    BlockMask, stride_h, stride_row) for one pass; None for the masks not given. The dK/dV pass owns tiles of keys
-    and walks query tiles; the forward and dQ passes own tiles of queries and walk key tiles."""
-    seq_len_q, seq_len_k = q.shape[2], k.shape[2]
-    by_keys = kernel_pass == "bwd_dkdv"
-    row_tile, col_tile = (cfg.block_n, cfg.block_m) if by_keys else (cfg.block_m, cfg.block_n)
+    BlockMask, stride_h, stride_row) for one pass; None for the masks not given. The schedules are the mask's,
+    built beforehand for the pass's tiling."""
     window = masks.window_size or 0
     doc_args: tuple = (None, 0, None, 0)
-    if masks.document_ids is not None:
-        ranges = masks.document_ranges(seq_len_q, row_tile, "keys" if by_keys else "queries")
-        doc_args = (masks.document_ids, masks.document_ids.stride(0), ranges, ranges.stride(0))
     block_args: tuple = (None, 0, None, 0, 0, None, 0, 0)
+    if masks.document_ids is None and masks.block_mask is None:
+        return (window, *doc_args, *block_args)
+    schedule = masks.tile_schedule(kernel_pass, cfg)
+    if masks.document_ids is not None:
+        ranges = schedule.ranges
+        doc_args = (masks.document_ids, masks.document_ids.stride(0), ranges, ranges.stride(0))
     if masks.block_mask is not None:
-        counts, indices = masks.kept_tiles(seq_len_q, seq_len_k, row_tile, col_tile, transposed=by_keys)
-        block_mask = masks.block_mask_bytes()
+        counts, indices = schedule.counts, schedule.indices
+        block_mask = masks.block_mask.view(torch.uint8)  # the same bytes: the kernels load them as integers
         shared = block_mask.shape[0] == 1  # one mask for every head: head strides 0
         block_args = (
             counts, 0 if shared else counts.stride(0), indices, 0 if shared else indices.stride(0), indices.stride(1),
@@ -173,9 +202,12 @@ def _mask_args(masks: KernelMasks, q: torch.Tensor, k: torch.Tensor, cfg: Launch
     return (window, *doc_args, *block_args)
 
 
-def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, masks: KernelMasks | None = None):
+NO_MASKS = FlashMask()
+
+
+def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask | None = None):
     """o (B, H, Tq, D) and lse (B, H, Tq) fp32 from q (B, H, Tq, D) and k, v (B, H, Tk, D)."""
-    masks = masks or KernelMasks()
+    masks = masks or NO_MASKS
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     qk_scale, *rng = params.scalars()
@@ -183,7 +215,7 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
         flash_fwd_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads, seq_len_q, seq_len_k, qk_scale, *rng,
-        *_mask_args(masks, q, k, cfg, "fwd"), EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
+        *_mask_args(masks, cfg, "fwd"), EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
@@ -225,14 +257,15 @@ def launch_dkdv(
     dv,
     params: AttentionParams,
     cfg: LaunchConfig,
-    masks: KernelMasks | None = None,
+    masks: FlashMask | None = None,
     *,
     dq_acc: torch.Tensor | None = None,
     dq_reduce: str = "none",
 ) -> None:
     """dk, dv (B, H, Tk, D); with dq_reduce "atomic" or "tma" also adds dS·K into dq_acc (B, H, Tq, D) fp32
-    contiguous, zeroed beforehand (`launch_preprocess`), through element-wise atomics or bulk tensor reduce-adds."""
-    masks = masks or KernelMasks()
+    contiguous, zeroed beforehand (`launch_preprocess`), through element-wise atomics or bulk tensor reduce-adds.
+    The mask's schedules are those of the pass whose tiles cfg holds: bwd_fused with dq_reduce, else bwd_dkdv."""
+    masks = masks or NO_MASKS
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     if dq_reduce == "tma":
@@ -241,8 +274,8 @@ def launch_dkdv(
         flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
-        *_mask_args(masks, q, k, cfg, "bwd_dkdv"), DENSE=not masks.any and seq_len_q == seq_len_k,
-        DQ_REDUCE=dq_reduce, **_flags(q, params, cfg, masks),
+        *_mask_args(masks, cfg, "bwd_fused" if dq_reduce != "none" else "bwd_dkdv"),
+        DENSE=not masks.any and seq_len_q == seq_len_k, DQ_REDUCE=dq_reduce, **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
@@ -256,7 +289,7 @@ def launch_dq(
     dq,
     params: AttentionParams,
     cfg: LaunchConfig,
-    masks: KernelMasks | None = None,
+    masks: FlashMask | None = None,
     *,
     o: torch.Tensor | None = None,
     dlse: torch.Tensor | None = None,
@@ -264,7 +297,7 @@ def launch_dq(
     """dq (B, H, Tq, D). Given the forward's output o, the kernel also computes delta = rowsum(dO ∘ O) − dlse
     (dlse: an optional gradient of the returned LSE) and writes it for launch_dkdv, which must run after it;
     without o, delta must hold it already (launch_preprocess)."""
-    masks = masks or KernelMasks()
+    masks = masks or NO_MASKS
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     o_strides = o.stride() if o is not None else (0, 0, 0, 0)
@@ -273,6 +306,6 @@ def launch_dq(
         flash_bwd_dq_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *o_strides,
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
-        *_mask_args(masks, q, k, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, FUSED_DELTA=o is not None,
+        *_mask_args(masks, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, FUSED_DELTA=o is not None,
         **_flags(q, params, cfg, masks),
     )  # fmt: skip

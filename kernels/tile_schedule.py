@@ -1,143 +1,308 @@
-"""Host-side tile schedules for the data-dependent masks: a few small tensor ops per call, no device sync.
+"""Tile schedules for the data-dependent masks, built once per batch and shared by every pass of every layer.
 
 Causal and window masks are functions of the tile's coordinates, so the kernels derive their loop bounds from
-scalars (`masks.py`). Document ids and block masks are data, so each pass gets, for its tile of rows:
+scalars (`masks.py`). Document ids and block masks are data. A pass whose programs own a tile of rows (queries, or
+keys for the passes in KEY_ROW_PASSES) and walk tiles of columns reads, for its tiling (rows, row tile, column
+tile) and per row tile:
 
 - documents: (B, n_row_tiles, 4) int32 (lo, hi, full_lo, full_hi), the column range holding every column that
   shares an id with some row of the tile, and the range whose columns all share the one id of every row (empty
   unless the tile lies in a single document whose columns are contiguous, as they are in packed sequences);
-- block-sparse: per row tile, how many column tiles touch a kept block and their indices in ascending order,
-  compacted like FlexAttention's kv_num_blocks / kv_indices, so a program loops over those tiles only. When the
-  tiles divide block_size (the launcher shrinks them to make it so when block_size is a multiple of 16) a tile
-  lies in one block and is kept or dropped whole; otherwise a kept tile may hold dropped pairs, and the kernel
-  also looks the block mask up per element (`block_exact` is False).
+- block-sparse: how many column tiles touch a kept block (counts, (H or 1, n_row_tiles)) and their indices in
+  ascending order (indices, (H or 1, n_row_tiles, n_col_tiles)), compacted like FlexAttention's kv_num_blocks /
+  kv_indices, so a program loops over those tiles only. When the tiles divide block_size (the launcher shrinks
+  them to make it so when block_size is a multiple of 16) a tile lies in one block and is kept or dropped whole;
+  otherwise a kept tile may hold dropped pairs, and the kernel also looks the block mask up per element
+  (`block_exact` is False).
+
+These take a few dozen small tensor operations, each a kernel launch on a GPU, which is why `FlashMask` builds them
+once per batch (FlexAttention's BlockMask plays the same role) for every tiling the passes launch with, and packs
+them into one int32 tensor: the `torch.library` operators take it as a tensor argument, with the tilings as a list
+of ints, so they run no schedule operation themselves and a compiled model builds the schedule once per forward.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .tuning import KEY_ROW_PASSES, LaunchConfig
+
+TileKey = tuple[str, int, int]  # (rows: "queries" or "keys", rows per tile, columns per tile)
+ROWS = ("queries", "keys")  # a TileKey's rows, encoded by position in the operators' schedule_tiles
+# Every tensor in a schedule starts on a 16-byte boundary (4 int32 entries), as a tensor of its own would: Triton
+# specialises kernels on their pointers' 16-byte alignment, so views at other offsets would compile other variants.
+ALIGN = 4
 
 
-def document_tile_ranges(row_ids: torch.Tensor, col_ids: torch.Tensor, tile: int) -> torch.Tensor:
-    """(B, ceil(R / tile), 4) int32 column ranges (lo, hi, full_lo, full_hi) for rows carrying row_ids (B, R)
-    against columns carrying col_ids (B, C); see the module docstring. Ids need not be contiguous or sorted."""
-    batch, n_cols = col_ids.shape
-    n_rows = row_ids.shape[1]
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _aligned_size(shape: tuple[int, ...]) -> int:
+    """Entries a tensor of `shape` takes in a schedule, padding included."""
+    return _cdiv(math.prod(shape), ALIGN) * ALIGN
+
+
+def _aligned(piece: Tensor) -> Tensor:
+    """piece flattened and zero-padded to `_aligned_size`."""
+    flat = piece.reshape(-1)
+    pad = -flat.numel() % ALIGN
+    return F.pad(flat, (0, pad)) if pad else flat
+
+
+def tile_key(kernel_pass: str, cfg: LaunchConfig) -> TileKey:
+    """The tiling that `kernel_pass` walks when launched with `cfg`."""
+    if kernel_pass in KEY_ROW_PASSES:
+        return ("keys", cfg.block_n, cfg.block_m)
+    return ("queries", cfg.block_m, cfg.block_n)
+
+
+def describe_tiles(tiles: tuple[TileKey, ...]) -> str:
+    return ", ".join(f"{rows} {row_tile}x{col_tile}" for rows, row_tile, col_tile in tiles) or "none"
+
+
+def effective_window(window_size: int | None, seq_len_k: int) -> int | None:
+    """A window of Tk or more keys masks nothing, so it is dropped (which also keeps p ± W within int32)."""
+    return None if window_size is not None and window_size >= seq_len_k else window_size
+
+
+def _document_spans(row_ids: Tensor, col_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row of row_ids (B, R) against col_ids (B, C): the first column carrying its id (C if none), one past
+    the last (0 if none), and whether exactly the columns in between carry it. Ids need not be sorted."""
+    n_cols = col_ids.shape[1]
     # Within each group of equal ids the stable sort keeps column order, so a group's first and last entries are
     # the first and last column carrying that id.
     sorted_ids, order = torch.sort(col_ids, dim=1, stable=True)
-    left = torch.searchsorted(sorted_ids, row_ids.contiguous())
-    right = torch.searchsorted(sorted_ids, row_ids.contiguous(), right=True)
+    left = torch.searchsorted(sorted_ids, row_ids)
+    right = torch.searchsorted(sorted_ids, row_ids, right=True)
     present = right > left
     first = order.gather(1, left.clamp(max=n_cols - 1))
     last = order.gather(1, (right - 1).clamp(min=0))
     contiguous = present & (last - first + 1 == right - left)
+    return torch.where(present, first, n_cols), torch.where(present, last + 1, 0), contiguous
 
+
+def _document_tile_ranges(row_ids: Tensor, spans: tuple[Tensor, Tensor, Tensor], tile: int) -> Tensor:
+    """(B, ceil(R / tile), 4) int32 (lo, hi, full_lo, full_hi) per tile of rows, from `_document_spans`."""
+    first, end, contiguous = spans
+    batch, n_rows = row_ids.shape
+    n_tiles = _cdiv(n_rows, tile)
+    per_row = torch.stack([first, end, row_ids.to(first.dtype), contiguous.to(first.dtype)], dim=-1)
     # Pad the last tile by repeating the last row: neutral for min, max and "every row carries one id".
-    n_tiles = math.ceil(n_rows / tile)
     pad = torch.arange(n_tiles * tile, device=row_ids.device).clamp(max=n_rows - 1)
-
-    def tiled(t: torch.Tensor) -> torch.Tensor:
-        return t[:, pad].view(batch, n_tiles, tile)
-
-    lo = tiled(torch.where(present, first, n_cols)).amin(-1)
-    hi = tiled(torch.where(present, last + 1, 0)).amax(-1)
-    ids = tiled(row_ids)
-    one_doc = (ids.amin(-1) == ids.amax(-1)) & tiled(contiguous)[..., 0]
-    zero = torch.zeros_like(lo)
-    full_lo, full_hi = torch.where(one_doc, lo, zero), torch.where(one_doc, hi, zero)
-    return torch.stack([lo, hi, full_lo, full_hi], dim=-1).to(torch.int32).contiguous()
+    tiled = per_row[:, pad].view(batch, n_tiles, tile, 4)
+    lo, hi = tiled[..., 0].amin(-1), tiled[..., 1].amax(-1)
+    ids = tiled[..., 2]
+    one_doc = (ids.amin(-1) == ids.amax(-1)) & (tiled[:, :, 0, 3] != 0)
+    full_lo, full_hi = torch.where(one_doc, lo, 0), torch.where(one_doc, hi, 0)
+    return torch.stack([lo, hi, full_lo, full_hi], dim=-1).to(torch.int32)
 
 
-def _tile_blocks(length: int, tile: int, block_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _block_prefix(block_mask: Tensor) -> Tensor:
+    """2-D prefix sums (H, n + 1, m + 1) of an (H, n, m) block mask: [h, i, j] counts the kept blocks above-left.
+    The prefix sums of the transposed mask are its transpose."""
+    return F.pad(block_mask.to(torch.int32).cumsum(1).cumsum(2), (1, 0, 1, 0))
+
+
+def _tile_blocks(length: int, tile: int, block_size: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """For each tile of `tile` positions out of `length`: its first block and one past its last block."""
     starts = torch.arange(0, length, tile, device=device)
     ends = (starts + tile).clamp(max=length)
     return starts // block_size, (ends - 1) // block_size + 1
 
 
-def kept_tile_lists(
-    block_mask: torch.Tensor, block_size: int, n_rows: int, n_cols: int, row_tile: int, col_tile: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For an (H, ceil(n_rows / block_size), ceil(n_cols / block_size)) bool block mask: counts (H, R) int32 of
-    the column tiles that overlap a kept block, per row tile, and indices (H, R, C) int32 whose first counts[h, r]
-    entries are those column tiles in ascending order (R, C: the numbers of row and column tiles)."""
-    # Kept blocks in any rectangle of blocks, from 2-D prefix sums: prefix[h, i, j] counts kept blocks above-left.
-    prefix = torch.nn.functional.pad(block_mask.to(torch.int32).cumsum(1).cumsum(2), (1, 0, 1, 0))
-    r0, r1 = _tile_blocks(n_rows, row_tile, block_size, block_mask.device)
-    c0, c1 = _tile_blocks(n_cols, col_tile, block_size, block_mask.device)
+def _kept_tile_lists(
+    prefix: Tensor, row_blocks: tuple[Tensor, Tensor], col_blocks: tuple[Tensor, Tensor]
+) -> tuple[Tensor, Tensor]:
+    """From the prefix sums of a block mask and the blocks each row and column tile spans (`_tile_blocks`): counts
+    (H, R) int32 of the column tiles that overlap a kept block, per row tile, and indices (H, R, C) int32 whose
+    first counts[h, r] entries are those column tiles in ascending order (R, C: the numbers of row and column
+    tiles)."""
+    (r0, r1), (c0, c1) = row_blocks, col_blocks
     r0, r1, c0, c1 = r0[:, None], r1[:, None], c0[None, :], c1[None, :]
     kept = (prefix[:, r1, c1] - prefix[:, r0, c1] - prefix[:, r1, c0] + prefix[:, r0, c0]) > 0
     counts = kept.sum(-1, dtype=torch.int32)
     # A stable sort of "dropped" (0 for kept) moves the kept tiles to the front and keeps them in order.
     indices = torch.argsort((~kept).to(torch.uint8), dim=-1, stable=True)
-    return counts.contiguous(), indices.to(torch.int32).contiguous()
+    return counts, indices.to(torch.int32)
 
 
-@dataclass
-class KernelMasks:
-    """The masks of one call, validated by the caller, and their schedules, built once and shared by the passes.
+@dataclass(frozen=True)
+class TileSchedule:
+    """One tiling's schedule as the kernels read it (see the module docstring); None where a mask is not given."""
 
-    window_size is None or < Tk; document_ids is (B, Tk) with unit stride, block_mask (H or 1, ceil(Tq / block_size),
-    ceil(Tk / block_size)) bool, both on the device of q. `build` makes them so."""
+    ranges: Tensor | None
+    counts: Tensor | None
+    indices: Tensor | None
 
+
+@dataclass(frozen=True, eq=False)
+class FlashMask:
+    """The masks of one batch and their tile schedules for the tilings in `tiles`, which `interface.flash_mask`
+    builds for the tiles the passes launch with. Pass it to every call with these masks: `flash_attention(q, k, v,
+    mask=...)`; the operators get it back from `operator_args`.
+
+    window_size is None or < Tk; document_ids (B, Tk) with unit stride and block_mask (H or 1, ceil(Tq /
+    block_size), ceil(Tk / block_size)) bool, contiguous, both on one device. schedule: every tiling's tensors,
+    flattened one after another in the order of `tiles` (documents' ranges, then kept-tile counts and indices, each
+    padded to a multiple of ALIGN entries); None without documents and block mask. passes: those the tiles were
+    chosen for (flash_mask's `backward`)."""
+
+    seq_len_q: int = 0
+    seq_len_k: int = 0
     window_size: int | None = None
-    document_ids: torch.Tensor | None = None
-    block_mask: torch.Tensor | None = None
+    document_ids: Tensor | None = None
+    block_mask: Tensor | None = None
     block_size: int = 128
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    schedule: Tensor | None = None
+    tiles: tuple[TileKey, ...] = ()
+    passes: tuple[str, ...] = ()
 
     @classmethod
     def build(
         cls,
+        seq_len_q: int,
         seq_len_k: int,
+        tiles: tuple[TileKey, ...],
+        *,
         window_size: int | None = None,
-        document_ids: torch.Tensor | None = None,
-        block_mask: torch.Tensor | None = None,
+        document_ids: Tensor | None = None,
+        block_mask: Tensor | None = None,
         block_size: int = 128,
-    ) -> "KernelMasks":
-        """From flash_attention's (validated) arguments: a window of Tk or more keys masks nothing, so it is dropped
-        (which also keeps p ± W within int32); the kernels read document ids with unit stride."""
-        if window_size is not None and window_size >= seq_len_k:
-            window_size = None
+        passes: tuple[str, ...] = (),
+    ) -> "FlashMask":
+        """The schedules of (validated) masks for each tiling in `tiles`; what several tilings share is built once."""
+        tiles = tuple(dict.fromkeys(tiles)) if document_ids is not None or block_mask is not None else ()
+        length = {"queries": seq_len_q, "keys": seq_len_k}
+
+        def at(rows: str) -> str:
+            """The positions rows sit at: in self-attention queries and keys share theirs (and their ids)."""
+            return "queries" if seq_len_q == seq_len_k else rows
+
         if document_ids is not None:
-            document_ids = document_ids.contiguous()
-        return cls(window_size, document_ids, block_mask, block_size)
+            document_ids = document_ids.contiguous()  # the kernels read ids with unit stride
+            query_ids = document_ids[:, seq_len_k - seq_len_q :].contiguous()
+            ids = {"queries": (query_ids, document_ids), "keys": (document_ids, query_ids)}  # (rows, columns)
+            spans: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
+            ranges: dict[tuple[str, int], Tensor] = {}  # by (positions, row tile): the column tile does not matter
+        if block_mask is not None:
+            block_mask = block_mask.contiguous()
+            prefix = _block_prefix(block_mask)
+            spanned: dict[tuple[str, int], tuple[Tensor, Tensor]] = {}  # the blocks each tile spans
+
+            def tile_blocks(rows: str, tile: int) -> tuple[Tensor, Tensor]:
+                if (at(rows), tile) not in spanned:
+                    spanned[at(rows), tile] = _tile_blocks(length[rows], tile, block_size, block_mask.device)
+                return spanned[at(rows), tile]
+
+        pieces: list[Tensor] = []
+        for rows, row_tile, col_tile in tiles:
+            if document_ids is not None:
+                if (at(rows), row_tile) not in ranges:
+                    if at(rows) not in spans:
+                        spans[at(rows)] = _document_spans(*ids[rows])
+                    ranges[at(rows), row_tile] = _document_tile_ranges(ids[rows][0], spans[at(rows)], row_tile)
+                pieces.append(ranges[at(rows), row_tile])
+            if block_mask is not None:
+                cols = "keys" if rows == "queries" else "queries"
+                rows_prefix = prefix if rows == "queries" else prefix.transpose(1, 2)
+                pieces.extend(_kept_tile_lists(rows_prefix, tile_blocks(rows, row_tile), tile_blocks(cols, col_tile)))
+        schedule = torch.cat([_aligned(piece) for piece in pieces]) if pieces else None
+        window_size = effective_window(window_size, seq_len_k)
+        return cls(seq_len_q, seq_len_k, window_size, document_ids, block_mask, block_size, schedule, tiles, passes)
+
+    def operator_args(self) -> tuple:
+        """(window_size, document_ids, block_mask, block_size, schedule, schedule_tiles) as the operators take
+        them; schedule_tiles lists each tiling as three ints (rows as its position in ROWS, row tile, col tile)."""
+        encoded = [n for rows, row_tile, col_tile in self.tiles for n in (ROWS.index(rows), row_tile, col_tile)]
+        masks = (self.window_size, self.document_ids, self.block_mask, self.block_size)
+        return (*masks, self.schedule, encoded or None)
+
+    @classmethod
+    def from_operator_args(
+        cls,
+        seq_len_q: int,
+        seq_len_k: int,
+        window_size: int | None,
+        document_ids: Tensor | None,
+        block_mask: Tensor | None,
+        block_size: int,
+        schedule: Tensor | None,
+        schedule_tiles: list[int] | None,
+    ) -> "FlashMask":
+        """The operators' mask arguments as one FlashMask, after checking that the schedule holds exactly what
+        its tilings need (so a schedule built for other shapes fails here rather than being misread)."""
+        encoded = schedule_tiles or []
+        tiles = tuple((ROWS[encoded[i]], encoded[i + 1], encoded[i + 2]) for i in range(0, len(encoded), 3))
+        # The kernels read ids with unit stride and block-mask rows with unit column stride.
+        document_ids = document_ids.contiguous() if document_ids is not None else None
+        block_mask = block_mask.contiguous() if block_mask is not None else None
+        mask = cls(seq_len_q, seq_len_k, effective_window(window_size, seq_len_k), document_ids, block_mask,
+                   block_size, schedule, tiles)  # fmt: skip
+        if document_ids is None and block_mask is None:
+            return mask
+        caller = "flashgpt::flash_attention operators"
+        if schedule is None or not tiles:
+            raise ValueError(
+                f"{caller}: document_ids and block_mask need their tile schedule (schedule and schedule_tiles, "
+                "e.g. from flash_mask(...).operator_args())"
+            )
+        expected = sum(_aligned_size(shape) for key in tiles for shape in mask._shapes(key))
+        if (
+            schedule.dtype != torch.int32
+            or schedule.dim() != 1
+            or schedule.numel() != expected
+            or schedule.stride(0) != 1
+        ):
+            raise ValueError(
+                f"{caller}: the schedule is {schedule.dtype} of shape {tuple(schedule.shape)}, but these masks need "
+                f"an int32 vector of {expected} entries for the tiles {describe_tiles(tiles)}: it was built for "
+                "other masks or shapes"
+            )
+        return mask
 
     @property
     def any(self) -> bool:
         return self.window_size is not None or self.document_ids is not None or self.block_mask is not None
 
-    def document_ranges(self, seq_len_q: int, tile: int, rows: str) -> torch.Tensor:
-        """Column ranges per tile of `tile` rows; rows='queries' (columns are keys) or 'keys' (columns are
-        queries). A query's id is the entry at its absolute position Tk − Tq + i."""
-        key = ("docs", seq_len_q, tile, rows)
-        if key not in self._cache:
-            ids = self.document_ids
-            query_ids = ids[:, ids.shape[1] - seq_len_q :]
-            row_ids, col_ids = (query_ids, ids) if rows == "queries" else (ids, query_ids)
-            self._cache[key] = document_tile_ranges(row_ids, col_ids, tile)
-        return self._cache[key]
-
     def block_exact(self, row_tile: int, col_tile: int) -> bool:
         """Whether every tile lies inside one block, so the block mask keeps or drops it whole."""
         return self.block_size % row_tile == 0 and self.block_size % col_tile == 0
 
-    def kept_tiles(
-        self, seq_len_q: int, seq_len_k: int, row_tile: int, col_tile: int, transposed: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kept key tiles per query tile, or with `transposed` (rows are keys) kept query tiles per key tile."""
-        key = ("tiles", seq_len_q, seq_len_k, row_tile, col_tile, transposed)
-        if key not in self._cache:
-            mask, rows, cols = self.block_mask, seq_len_q, seq_len_k
-            if transposed:
-                mask, rows, cols = mask.transpose(1, 2), seq_len_k, seq_len_q
-            self._cache[key] = kept_tile_lists(mask, self.block_size, rows, cols, row_tile, col_tile)
-        return self._cache[key]
+    def _shapes(self, key: TileKey) -> list[tuple[int, ...]]:
+        """The shapes of one tiling's tensors, in their order in the schedule."""
+        rows, row_tile, col_tile = key
+        n_rows, n_cols = (self.seq_len_q, self.seq_len_k) if rows == "queries" else (self.seq_len_k, self.seq_len_q)
+        n_row_tiles, n_col_tiles = _cdiv(n_rows, row_tile), _cdiv(n_cols, col_tile)
+        shapes: list[tuple[int, ...]] = []
+        if self.document_ids is not None:
+            shapes.append((self.document_ids.shape[0], n_row_tiles, 4))
+        if self.block_mask is not None:
+            heads = self.block_mask.shape[0]
+            shapes += [(heads, n_row_tiles), (heads, n_row_tiles, n_col_tiles)]
+        return shapes
 
-    def block_mask_bytes(self) -> torch.Tensor:
-        """The block mask as contiguous uint8, for the kernels' per-element lookup."""
-        if "bytes" not in self._cache:
-            self._cache["bytes"] = self.block_mask.to(torch.uint8).contiguous()
-        return self._cache["bytes"]
+    def tile_schedule(self, kernel_pass: str, cfg: LaunchConfig) -> TileSchedule:
+        """The schedule of the tiling `kernel_pass` walks with `cfg`, as views into `schedule`."""
+        key = tile_key(kernel_pass, cfg)
+        if key not in self.tiles:
+            raise ValueError(
+                f"flash_attention: the {kernel_pass} pass launches with the tiles {describe_tiles((key,))}, but the "
+                f"mask's schedule holds {describe_tiles(self.tiles)}: build the mask (flash_mask) for this call's "
+                "head dim, dtype, causal and dropout_p"
+            )
+        offset = sum(
+            _aligned_size(shape) for other in self.tiles[: self.tiles.index(key)] for shape in self._shapes(other)
+        )
+        views = []
+        for shape in self._shapes(key):
+            # One operator per view (a slice and a view would be two): this runs in every pass of every call.
+            strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+            views.append(self.schedule.as_strided(shape, strides, self.schedule.storage_offset() + offset))
+            offset += _aligned_size(shape)
+        ranges = views.pop(0) if self.document_ids is not None else None
+        counts, indices = views if self.block_mask is not None else (None, None)
+        return TileSchedule(ranges, counts, indices)

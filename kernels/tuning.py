@@ -14,9 +14,10 @@ from pathlib import Path
 TUNED_TABLE = Path(__file__).with_name("tuned_h100.json")
 SEQ_LEN_BUCKETS = (1024, 2048, 4096, 8192, 16384)
 PASSES = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_fused")
+# Passes whose programs own a tile of keys and walk tiles of queries; the others own queries and walk keys.
+KEY_ROW_PASSES = frozenset({"bwd_dkdv", "bwd_fused"})
 NATIVE_HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernels' HEAD_DIM; other head dims are zero-padded to one of these
 MIN_TILE = 16
-KEY_TILE_PASSES = ("bwd_dkdv", "bwd_fused")  # one program per key tile, walking query tiles
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class LaunchConfig:
         for tile in (self.block_m, self.block_n):
             if tile < MIN_TILE or tile & (tile - 1):
                 raise ValueError(f"{kernel_pass}: tile {tile} must be a power of two >= {MIN_TILE} ({self})")
-        big, small = (self.block_n, self.block_m) if kernel_pass in KEY_TILE_PASSES else (self.block_m, self.block_n)
+        big, small = (self.block_n, self.block_m) if kernel_pass in KEY_ROW_PASSES else (self.block_m, self.block_n)
         if big % small:
             raise ValueError(f"{kernel_pass}: tile {small} must divide tile {big} ({self})")
 
@@ -126,7 +127,7 @@ def _config_for_bucket(
     hopper: bool,
 ) -> LaunchConfig:
     if interpreting:
-        return LaunchConfig(32, 64, 1, 1) if kernel_pass in KEY_TILE_PASSES else _INTERPRETER
+        return LaunchConfig(32, 64, 1, 1) if kernel_pass in KEY_ROW_PASSES else _INTERPRETER
     if hopper:
         # fp16 tiles cost exactly what bf16 tiles cost, so fp16 shares the bf16 measurements.
         tuned_dtype = "bfloat16" if dtype == "float16" else dtype

@@ -13,7 +13,8 @@ comparisons between them are like for like. flash hands them to the kernel, whic
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,9 @@ from flashgpt.model.sparsity import (
     check_block_sparse_config,
     resolve_parameters,
 )
+
+if TYPE_CHECKING:  # importing the kernels defines them, which must wait for prepare_backend
+    from flashgpt.kernels import FlashMask
 
 
 @dataclass
@@ -52,6 +56,9 @@ class AttentionMask:
     document_ids: Tensor | None = None  # (B, Tk) integer: a query sees only keys of its own document
     block_mask: Tensor | None = None  # (H or 1, ceil(Tq / block_size), ceil(Tk / block_size)) bool
     block_size: int = 128
+    # The same masks with the flash kernel's tile schedules, built once per forward (FlashAttention.prepare) and
+    # shared by every layer; the other backends ignore it.
+    kernel_mask: "FlashMask | None" = None
 
     @property
     def extra_masks(self) -> dict[str, object]:
@@ -107,6 +114,21 @@ class InnerAttention(nn.Module):
     ) -> Tensor:
         raise NotImplementedError
 
+    def prepare(
+        self,
+        mask: AttentionMask,
+        *,
+        seq_len_q: int,
+        seq_len_k: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        dropout_p: float,
+    ) -> AttentionMask:
+        """`mask` with whatever this backend precomputes from it for calls on queries of seq_len_q rows, head_dim
+        and dtype and keys of seq_len_k rows: the model calls it once per forward and hands the result to every
+        layer. Nothing, unless a backend overrides it."""
+        return mask
+
 
 class NaiveAttention(InnerAttention):
     """The textbook reference: materialises the (Tq, Tk) score matrix, so memory grows as T²."""
@@ -135,16 +157,35 @@ class FlashAttention(InnerAttention):
         super().__init__()
         # Imported here rather than at the top so that prepare_backend can switch the Triton interpreter on
         # (for CPU runs) before the kernels are defined.
-        from flashgpt.kernels import flash_attention
+        from flashgpt.kernels import flash_attention, flash_mask
 
-        self.flash_attention = flash_attention
+        self.flash_attention, self.flash_mask = flash_attention, flash_mask
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: AttentionMask, dropout_p: float, scale: float
     ) -> Tensor:
-        return self.flash_attention(
-            q, k, v, causal=mask.causal, dropout_p=dropout_p, softmax_scale=scale, **mask.extra_masks
-        )
+        masks = mask.extra_masks if mask.kernel_mask is None else {"mask": mask.kernel_mask}
+        return self.flash_attention(q, k, v, causal=mask.causal, dropout_p=dropout_p, softmax_scale=scale, **masks)
+
+    def prepare(
+        self,
+        mask: AttentionMask,
+        *,
+        seq_len_q: int,
+        seq_len_k: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        dropout_p: float,
+    ) -> AttentionMask:
+        """The tile schedules of document ids and block masks (causal and windows need none), built once for every
+        layer's forward and backward instead of twice in each layer."""
+        if mask.document_ids is None and mask.block_mask is None:
+            return mask
+        kernel_mask = self.flash_mask(
+            seq_len_q, seq_len_k, head_dim=head_dim, dtype=dtype, causal=mask.causal, dropout_p=dropout_p,
+            backward=torch.is_grad_enabled(), **mask.extra_masks,
+        )  # fmt: skip
+        return replace(mask, kernel_mask=kernel_mask)
 
 
 class SdpaAttention(InnerAttention):

@@ -119,6 +119,18 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.proj(y))
 
+    def prepare_mask(self, mask: AttentionMask, seq_len_q: int, seq_len_k: int, device: torch.device) -> AttentionMask:
+        """`mask` with what the backend precomputes for this layer's attention (the flash kernel's tile schedules).
+        Every layer's attention is alike, so the model calls this once per forward, for all of them."""
+        # q's dtype: the qkv projection's output, in autocast's dtype when autocast is on.
+        dtype = (
+            torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else self.qkv.weight.dtype
+        )
+        return self.inner.prepare(
+            mask, seq_len_q=seq_len_q, seq_len_k=seq_len_k, head_dim=self.qkv.out_features // (3 * self.n_head),
+            dtype=dtype, dropout_p=self.dropout if self.training else 0.0,
+        )  # fmt: skip
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -224,6 +236,7 @@ class GPT(nn.Module):
                 f"context of {past + n_tokens} tokens is longer than the model's {self.block_size} (its seq_len)"
             )
         mask = self.attention_mask(n_tokens, past + n_tokens, document_ids)
+        mask = self.blocks[0].attn.prepare_mask(mask, n_tokens, past + n_tokens, idx.device)  # once for every layer
         x = self.wte(idx)  # (B, T, C)
         rotary = None
         if self.wpe is not None:

@@ -14,6 +14,9 @@ fwd = 4·D·pairs, fwd+bwd = 3.5·fwd (bwd = 2.5·fwd, as in bench_attention.py)
     x_flex   FlexAttention fwd+bwd time / ours (the goal is >= 1.2)
     x_dense  our effective fwd+bwd TFLOP/s / our dense causal TFLOP/s at the same T (>= 0.8: time ∝ visible work)
 With dropout 0.1 (FlexAttention has none) our masked kernel is compared with our dense kernel, both at 0.1.
+Masks are built once per case, outside the timing, for both: `flash_mask` (the tile schedules) and FlexAttention's
+`create_block_mask`, as a model builds them once per batch for all its layers. host_ms is the CPU time to issue one
+fwd+bwd (a loop that never waits for the GPU): where it nears fwd_bwd_ms, the call is bound by the host.
 
 Before timing, every mask is checked on fresh random inputs against an fp32 PyTorch reference that applies
 `dense_mask` (ours and FlexAttention: o, dq, dk, dv), and with dropout against the reference under the kernel's
@@ -100,6 +103,7 @@ class Row:
     reason: str | None = None
     fwd_ms: float | None = None
     fwd_bwd_ms: float | None = None
+    host_ms: float | None = None  # CPU time to issue one fwd+bwd
     tflops: dict[str, float] = field(default_factory=dict)  # effective: fwd / fwd_bwd
     x_flex: float | None = None
     x_dense: float | None = None
@@ -182,10 +186,16 @@ def build_case(name: str, seq_len: int, batch: int, profile: Profile) -> MaskCas
 # --- providers --------------------------------------------------------------------------------------------
 
 
-def flash_fn(case: MaskCase, dropout: float) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    from flashgpt.kernels import flash_attention
+def flash_fn(
+    case: MaskCase, dropout: float, seq_len: int, dtype: torch.dtype
+) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """Our kernel with the case's masks built once (flash_mask) for calls of this T, dtype and dropout."""
+    from flashgpt.kernels import flash_attention, flash_mask
 
-    return lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=dropout, **case.flash_kwargs)
+    if not case.flash_kwargs:  # dense causal: nothing to build
+        return lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=dropout)
+    mask = flash_mask(seq_len, seq_len, head_dim=HEAD_DIM, dtype=dtype, dropout_p=dropout, **case.flash_kwargs)
+    return lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=dropout, mask=mask)
 
 
 def flex_fn(case: MaskCase, seq_len: int, batch: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
@@ -246,7 +256,7 @@ def check_mask(name: str, profile: Profile, with_flex: bool) -> dict:
     q, k, v = _inputs(batch, seq_len, profile)
     visible = dense_mask(seq_len, seq_len, causal=True, device=profile.device, **case.flash_kwargs)
     want = _reference_grads(q, k, v, visible, torch.randn_like(q))
-    result = {"flash": _compare(flash_fn(case, 0.0), q, k, v, want, profile.dtype)}
+    result = {"flash": _compare(flash_fn(case, 0.0, seq_len, profile.dtype), q, k, v, want, profile.dtype)}
     if with_flex:
         result["flex"] = _compare(flex_fn(case, seq_len, batch), q, k, v, want, profile.dtype)
     return {"mask": name, "density": case.density, **result, "passed": all(r["passed"] for r in result.values())}
@@ -257,12 +267,13 @@ def recover_keep_mask(case: MaskCase, batch: int, seq_len: int, profile: Profile
     and a one-hot v reads D key columns of the dropped probability matrix per call."""
     zeros = torch.zeros(batch, 2, seq_len, HEAD_DIM, device=profile.device, dtype=profile.dtype)
     keep = torch.zeros(batch, 2, seq_len, seq_len, dtype=torch.bool, device=profile.device)
+    attend = flash_fn(case, DROPOUT, seq_len, profile.dtype)
     for start in range(0, seq_len, HEAD_DIM):
         width = min(HEAD_DIM, seq_len - start)
         v = torch.zeros_like(zeros)
         v[:, :, start : start + width, :width] = torch.eye(width, device=profile.device, dtype=profile.dtype)
         torch.manual_seed(seed)
-        o = flash_fn(case, DROPOUT)(zeros, zeros, v)
+        o = attend(zeros, zeros, v)
         keep[..., start : start + width] = o[..., :width] != 0
     return keep
 
@@ -275,10 +286,11 @@ def check_dropout(name: str, profile: Profile, seed: int = 1234) -> dict:
     keep = recover_keep_mask(case, batch, seq_len, profile, seed)
     q, k, v = _inputs(batch, seq_len, profile)
     want = _reference_grads(q, k, v, visible, torch.randn_like(q), keep, DROPOUT)
+    attend = flash_fn(case, DROPOUT, seq_len, profile.dtype)
 
     def seeded(q, k, v):
         torch.manual_seed(seed)
-        return flash_fn(case, DROPOUT)(q, k, v)
+        return attend(q, k, v)
 
     result = _compare(seeded, q, k, v, want, profile.dtype)
     respects_mask = not bool((keep & ~visible).any())
@@ -324,10 +336,27 @@ def measure(row: Row, fn: Callable[[Tensor, Tensor, Tensor], Tensor], profile: P
     def bench(step: Callable[[], object]) -> float:
         return triton.testing.do_bench(step, warmup=25, rep=100, grad_to_none=[q, k, v], return_mode="median")
 
+    def fwd_bwd() -> None:
+        fn(q, k, v).backward(grad_out)
+        q.grad = k.grad = v.grad = None
+
     row.fwd_ms = bench(lambda: fn(q, k, v))
-    row.fwd_bwd_ms = bench(lambda: fn(q, k, v).backward(grad_out))
+    row.fwd_bwd_ms = bench(fwd_bwd)
+    row.host_ms = host_ms(fwd_bwd)
     flops = 4 * HEAD_DIM * row.visible_pairs
     row.tflops = {"fwd": flops / row.fwd_ms * 1e-9, "fwd_bwd": 3.5 * flops / row.fwd_bwd_ms * 1e-9}
+
+
+def host_ms(step: Callable[[], None], reps: int = 20) -> float:
+    """CPU time to issue one step: the loop never waits for the GPU, whose queue (~1000 launches) does not fill in
+    20 steps, so only the host's work is timed."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        step()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / reps * 1e3
 
 
 def bench_row(row: Row, make_fn: Callable[[], Callable], profile: Profile) -> Row:
@@ -352,7 +381,7 @@ def bench_seq_len(seq_len: int, masks: Sequence[str], providers: Sequence[str], 
             if provider not in providers:
                 continue
             row = Row(name, provider, seq_len, batch, dropout, case.density, case.visible_pairs)
-            make = (lambda c=case, p=dropout: flash_fn(c, p)) if provider == "flash" else (
+            make = (lambda c=case, p=dropout: flash_fn(c, p, seq_len, profile.dtype)) if provider == "flash" else (
                 lambda c=case: flex_fn(c, seq_len, batch)
             )  # fmt: skip
             rows.append(bench_row(row, make, profile))
@@ -378,14 +407,17 @@ def progress(row: Row) -> str:
     where = f"T={row.seq_len:>6} {row.mask:>12} {row.provider:>5} p={row.dropout}"
     if row.status != "ok":
         return f"{where}: {row.status} ({row.reason})"
-    return f"{where}: {row.fwd_bwd_ms:9.3f} ms fwd+bwd, {row.tflops['fwd_bwd']:6.1f} effective TFLOP/s"
+    return (
+        f"{where}: {row.fwd_bwd_ms:9.3f} ms fwd+bwd ({row.host_ms:.3f} ms host), {row.tflops['fwd_bwd']:6.1f} "
+        "effective TFLOP/s"
+    )
 
 
 def markdown_table(rows: Sequence[dict]) -> str:
-    """One line per (T, mask): density, fwd+bwd ms and effective TFLOP/s of ours / FlexAttention / ours with
-    dropout, and the two ratios (the dropout row's x_dense is against our dense kernel with dropout)."""
-    header = ["T", "mask", "density", "ours ms", "flex ms", "ours TFLOP/s", "flex TFLOP/s", "x flex", "x dense",
-              f"ours p={DROPOUT} ms", f"p={DROPOUT} TFLOP/s", f"p={DROPOUT} x dense"]  # fmt: skip
+    """One line per (T, mask): density, fwd+bwd ms (and our host ms) and effective TFLOP/s of ours / FlexAttention
+    / ours with dropout, and the two ratios (the dropout row's x_dense is against our dense kernel with dropout)."""
+    header = ["T", "mask", "density", "ours ms", "ours host ms", "flex ms", "ours TFLOP/s", "flex TFLOP/s",
+              "x flex", "x dense", f"ours p={DROPOUT} ms", f"p={DROPOUT} TFLOP/s", f"p={DROPOUT} x dense"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     keyed = {(r["seq_len"], r["mask"], r["provider"], r["dropout"]): r for r in rows}
 
@@ -401,7 +433,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
         ours, flex = keyed.get((seq_len, mask, "flash", 0.0)), keyed.get((seq_len, mask, "flex", 0.0))
         drop = keyed.get((seq_len, mask, "flash", DROPOUT))
         density = next(r["density"] for r in (ours, flex, drop) if r is not None)
-        cells = [str(seq_len), mask, f"{density:.3f}", get(ours, "ms"), get(flex, "ms"), get(ours, "tflops"),
+        cells = [str(seq_len), mask, f"{density:.3f}", get(ours, "ms"), get(ours, "host_ms"), get(flex, "ms"),
+                 get(ours, "tflops"),
                  get(flex, "tflops"), get(ours, "x_flex"), get(ours, "x_dense"), get(drop, "ms"),
                  get(drop, "tflops"), get(drop, "x_dense")]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from attention_reference import lse_err, reference_attention, rel_err
-from flashgpt.kernels import flash_attention
+from flashgpt.kernels import FlashMask, flash_attention, flash_mask, launch
 from flashgpt.kernels.interface import flash_attention_backward, flash_attention_forward
 from flashgpt.kernels.launch import AttentionParams, tuned_config
+from flashgpt.kernels.tuning import LaunchConfig
 from flashgpt.model.masks import dense_mask
 
 FP32_TOL = 1e-5
@@ -279,7 +280,7 @@ def test_masks_through_the_operator_and_torch_compile(seed):
     output and gradients equal eager's (the masks are operator arguments, Tq < Tk under dynamic shapes)."""
     q, k, v = make_qkv(2, 2, 24, 40, 32)
     masks = make_masks("window+docs+blocks", 2, 2, 24, 40)
-    args = (masks["window_size"], masks["document_ids"], masks["block_mask"], masks["block_size"])
+    args = flash_mask(24, 40, head_dim=32, dtype=q.dtype, **masks).operator_args()
     torch.library.opcheck(flash_attention_forward, (q, k, v, None, True, 0.0, None, *args))
     o, lse = flash_attention_forward(q, k, v, None, True, 0.0, None, *args)
     detached = [t.detach() for t in (q, k, v, o, lse)]
@@ -299,6 +300,118 @@ def test_masks_through_the_operator_and_torch_compile(seed):
     ):
         assert torch.equal(got, want), f"seed {seed}"
     assert torch.equal(compiled_o, eager_o), f"seed {seed}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Masks built once (flash_mask) and handed to every call
+
+
+@pytest.mark.parametrize(
+    ("causal", "seq_len_q", "seq_len_k", "mask", "dropout_p"),
+    [
+        (True, 77, 200, "window+docs+blocks", 0.0),
+        (False, 50, 77, "scattered_docs+odd_blocks", 0.0),
+        (True, 100, 100, "docs+shared_blocks", 0.25),
+    ],
+)
+def test_prebuilt_mask_gives_the_keyword_masks_results_bit_for_bit(causal, seq_len_q, seq_len_k, mask, dropout_p, seed):
+    """o, lse, dq, dk and dv of calls with one flash_mask equal those of the same call with the masks as keyword
+    arguments exactly: the same tiles read the same schedules. Two calls reuse the mask, as a model's layers do."""
+    batch, heads, head_dim = 2, 2, 32
+    q, k, v = make_qkv(batch, heads, seq_len_q, seq_len_k, head_dim)
+    masks = make_masks(mask, batch, heads, seq_len_q, seq_len_k)
+    built = flash_mask(seq_len_q, seq_len_k, head_dim=head_dim, dtype=q.dtype, causal=causal, dropout_p=dropout_p,
+                       **masks)  # fmt: skip
+    do = torch.randn(q.shape)
+
+    def run(**kwargs) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(seed)
+        o, lse = flash_attention(q, k, v, causal=causal, dropout_p=dropout_p, return_lse=True, **kwargs)
+        return (o, lse, *torch.autograd.grad(o, (q, k, v), do))
+
+    want = run(**masks)
+    for call in range(2):
+        for name, got, expected in zip(("o", "lse", "dq", "dk", "dv"), run(mask=built), want, strict=True):
+            assert torch.equal(got, expected), f"{name} differs in call {call} (seed {seed}, {mask})"
+
+
+def test_prebuilt_mask_under_torch_compile(seed):
+    """A mask built outside the compiled function and passed in: fullgraph, static and dynamic shapes, eager's
+    output and gradients exactly."""
+    q, k, v = make_qkv(2, 2, 24, 40, 32)
+    built = flash_mask(24, 40, head_dim=32, dtype=q.dtype, **make_masks("window+docs+blocks", 2, 2, 24, 40))
+
+    def attend(q, k, v, mask):
+        return flash_attention(q, k, v, mask=mask)
+
+    eager_o = attend(q, k, v, built)
+    do = torch.randn_like(eager_o)
+    eager_grads = torch.autograd.grad(eager_o, (q, k, v), do)
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled_o = torch.compile(attend, backend="aot_eager", fullgraph=True, dynamic=dynamic)(q, k, v, built)
+        assert torch.equal(compiled_o, eager_o), f"dynamic={dynamic} (seed {seed})"
+        for got, want in zip(torch.autograd.grad(compiled_o, (q, k, v), do), eager_grads, strict=True):
+            assert torch.equal(got, want), f"dynamic={dynamic} (seed {seed})"
+
+
+def test_schedule_tensors_start_16_byte_aligned():
+    """Each tiling's tensors are views into one packed schedule, each starting on a 16-byte boundary as a tensor of
+    its own would (Triton specialises on pointer alignment), with the shapes of their tiling."""
+    docs = random_documents(2, 77, mean_len=20)
+    block_mask = random_block_mask(3, 50, 77, 24, 0.5)
+    tiles = (("queries", 16, 32), ("keys", 32, 16), ("queries", 16, 16))
+    built = FlashMask.build(50, 77, tiles, document_ids=docs, block_mask=block_mask, block_size=24)
+    assert built.schedule.data_ptr() % 16 == 0
+    for rows, row_tile, col_tile in tiles:
+        cfg = LaunchConfig(row_tile, col_tile, 1, 1) if rows == "queries" else LaunchConfig(col_tile, row_tile, 1, 1)
+        schedule = built.tile_schedule("fwd" if rows == "queries" else "bwd_dkdv", cfg)
+        n_rows = math.ceil((50 if rows == "queries" else 77) / row_tile)
+        n_cols = math.ceil((77 if rows == "queries" else 50) / col_tile)
+        assert schedule.ranges.shape == (2, n_rows, 4)
+        assert schedule.counts.shape == (3, n_rows) and schedule.indices.shape == (3, n_rows, n_cols)
+        for t in (schedule.ranges, schedule.counts, schedule.indices):
+            assert t.data_ptr() % 16 == 0 and t.is_contiguous(), (rows, row_tile, col_tile)
+
+
+def test_a_mask_built_for_another_call_raises(monkeypatch):
+    """A mask used with other shapes, batch, tiles (another dtype, where the tiles depend on it) or with gradients
+    it was not built for fails naming the mismatch, never computes a wrong answer; so do the operators given a
+    schedule that lacks their tiles or has the wrong length."""
+    q, kv = torch.randn(2, 2, 48, 32, requires_grad=True), torch.randn(2, 2, 64, 32)
+    docs = random_documents(2, 64, mean_len=20)
+    built = flash_mask(48, 64, head_dim=32, dtype=torch.float32, document_ids=docs)
+    with pytest.raises(ValueError, match=r"mask was built for Tq=48, Tk=64, but q has Tq=64"):
+        flash_attention(kv, kv, kv, mask=built)
+    with pytest.raises(ValueError, match=r"document_ids must have shape \(B, Tk\) = \(1, 64\)"):
+        flash_attention(q[:1], kv[:1], kv[:1], mask=built)
+    with pytest.raises(ValueError, match="either built"):
+        flash_attention(q, kv, kv, mask=built, window_size=8)
+    with pytest.raises(TypeError, match="mask must be a FlashMask"):
+        flash_attention(q, kv, kv, mask=docs)
+    forward_only = flash_mask(48, 64, head_dim=32, dtype=torch.float32, document_ids=docs, backward=False)
+    with pytest.raises(ValueError, match="backward=False"):
+        flash_attention(q, kv, kv, mask=forward_only)
+
+    detached = q.detach()
+    other_tiles = FlashMask.build(48, 64, (("queries", 16, 16),), document_ids=docs)
+    with pytest.raises(
+        ValueError, match=r"fwd pass launches with the tiles queries \d+x\d+, but .* holds queries 16x16"
+    ):
+        flash_attention_forward(detached, kv, kv, None, True, 0.0, None, *other_tiles.operator_args())
+    window, ids, block_mask, block_size, schedule, tiles = built.operator_args()
+    with pytest.raises(ValueError, match="it was built for other masks or shapes"):
+        flash_attention_forward(detached, kv, kv, None, True, 0.0, None, window, ids, block_mask, block_size,
+                                schedule[:-4], tiles)  # fmt: skip
+    with pytest.raises(ValueError, match="need their tile schedule"):
+        flash_attention_forward(detached, kv, kv, None, True, 0.0, None, None, docs)
+
+    # On a GPU the tuned tiles depend on the dtype: a float32 mask cannot serve a bfloat16 call there.
+    tuned = launch.launch_config
+    bf16_tiles = lambda *args, **kwargs: LaunchConfig(16, 16, 1, 1) if args[2] == "bfloat16" else tuned(*args, **kwargs)
+    monkeypatch.setattr(launch, "launch_config", bf16_tiles)
+    with pytest.raises(ValueError, match=r"launches with the tiles queries 16x16.*build the mask"):
+        flash_attention(detached.bfloat16(), kv.bfloat16(), kv.bfloat16(), mask=built)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -100,6 +100,53 @@ def test_backends_agree_on_loss_and_gradients_under_each_mask(mask_name, doc_mas
             torch.testing.assert_close(grad, ref_grads[name], **GRAD_TOL, msg=f"{backend} grad of {name}")
 
 
+@pytest.fixture
+def schedule_builds(monkeypatch) -> list[int]:
+    """One entry per build of the flash kernel's tile schedules (FlashMask.build)."""
+    from flashgpt.kernels import FlashMask
+
+    builds: list[int] = []
+    build = FlashMask.build.__func__
+    monkeypatch.setattr(FlashMask, "build", classmethod(lambda cls, *a, **kw: builds.append(1) or build(cls, *a, **kw)))
+    return builds
+
+
+def test_one_forward_builds_the_flash_schedule_once_for_every_layer(schedule_builds, monkeypatch):
+    """The model builds the kernel's tile schedules once per forward, and every layer's forward and backward reuse
+    them; loss and gradients equal, bit for bit, those of building them in every layer's call."""
+    from flashgpt.model.attention import FlashAttention, InnerAttention
+
+    tokens = packed_tokens(2, 78, seed=1)
+    loss, grads = loss_and_grads(tiny_gpt(MASKS["strided"], "flash"), tokens, doc_mask=True)
+    assert len(schedule_builds) == 1
+    monkeypatch.setattr(FlashAttention, "prepare", InnerAttention.prepare)  # each call builds its own
+    per_call_loss, per_call_grads = loss_and_grads(tiny_gpt(MASKS["strided"], "flash"), tokens, doc_mask=True)
+    assert len(schedule_builds) == 1 + TINY.n_layer
+    assert torch.equal(loss, per_call_loss)
+    for name, grad in grads.items():
+        assert torch.equal(grad, per_call_grads[name]), name
+
+
+def test_compiled_model_builds_the_flash_schedule_once_per_forward(schedule_builds):
+    """torch.compile (fullgraph) traces the schedule's build into the graph once per forward, not per layer, with
+    eager's loss and gradients."""
+    tokens = packed_tokens(2, 78, seed=1)
+    eager_loss, eager_grads = loss_and_grads(tiny_gpt(MASKS["strided"], "flash"), tokens, doc_mask=True)
+    torch._dynamo.reset()
+    model = tiny_gpt(MASKS["strided"], "flash")
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=False)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    for step in range(2):
+        model.zero_grad()
+        logits = compiled(x, document_ids=document_ids(x))
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        assert len(schedule_builds) == 1 + (step + 1), "one build per compiled forward"
+        torch.testing.assert_close(loss.detach(), eager_loss, **LOSS_TOL)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, eager_grads[name], **GRAD_TOL, msg=name)
+
+
 @pytest.mark.parametrize("backend", ["naive", "sdpa"])
 def test_document_mask_cuts_every_path_between_documents(backend):
     """Changing one document's tokens leaves every other document's logits exactly as they were."""
