@@ -294,18 +294,14 @@ def _hugging_face(cfg: DataConfig) -> Corpus:
 
 
 def _text_files(cfg: DataConfig) -> Corpus:
-    from datasets import load_dataset
-
     files, root = _matching_files(cfg.path)
-    # Streaming reads the files in order without writing an Arrow copy of them to the datasets cache.
-    paths = [str(file) for file in files]
-    dataset = load_dataset("text", data_files=paths, sample_by="document", split="train", streaming=True)
 
     def documents() -> Iterator[Document]:
-        rows = iter(dataset)  # one row a file, in the order of `files`
+        # Read here, not through datasets' "text" builder, which takes each path as a glob: a file named
+        # doc_[a].txt would be read as doc_a.txt. Text mode turns \r\n and \r into \n, as that builder does.
         for file in files:
             try:
-                text = next(rows)["text"]
+                text = file.read_text(encoding="utf-8")
             except UnicodeDecodeError as err:
                 raise ValueError(
                     f"{file} is not UTF-8 text ({err}); choose the text files with a glob, "
@@ -323,6 +319,8 @@ def _matching_files(path: str) -> tuple[list[Path], Path | None]:
     if folder.is_dir():
         files = [f for f in folder.rglob("*") if f.is_file() and not _is_hidden(f.relative_to(folder))]
         root = folder
+    elif folder.is_file():  # a file whose name has glob characters ([, *, ?) is that file, not a pattern
+        files, root = [folder], None
     else:
         files = [Path(f) for f in glob.glob(path, recursive=True) if Path(f).is_file()]
         root = None

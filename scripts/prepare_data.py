@@ -15,11 +15,13 @@ from typing import Any
 
 import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
 
 from flashgpt.data.config import SOURCE_NAMES, DataConfig, check_data_config
-from flashgpt.data.shards import open_shards, prepare_shards, shard_dir
+from flashgpt.data.integrity import ShardError
+from flashgpt.data.shards import load_splits, open_shards, prepare_shards, shard_dir
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "data"
 
@@ -33,12 +35,19 @@ def data_config(overrides: list[str]) -> DataConfig:
             raise ValueError(f"override {override!r}: expected data=NAME or data.FIELD=VALUE")
         if key == "data":
             name = raw
+        elif key == "data.name":  # it would replace the source data=NAME chose, keeping the other's settings
+            raise ValueError(f"override {override!r}: choose the source with data=NAME, not data.name")
         else:
             fields[key.removeprefix("data.")] = _parse_value(raw)
     if name not in SOURCE_NAMES:
         raise ValueError(f"unknown data source {name!r}; choose one of {', '.join(SOURCE_NAMES)}")
     group_file = OmegaConf.load(CONFIG_DIR / f"{name}.yaml")
-    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), group_file, fields)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(DataConfig), group_file, fields)
+    except OmegaConfBaseException as error:  # an unknown field or a value of the wrong type
+        fields_are = ", ".join(f"data.{field}" for field in DataConfig.__dataclass_fields__)
+        valid = f"; the fields are {fields_are}" if isinstance(error, ConfigKeyError) else ""
+        raise ValueError(f"data.{error.key}={fields.get(error.key)!r}: {error.msg.splitlines()[0]}{valid}") from error
     cfg = OmegaConf.to_object(merged)
     check_data_config(cfg)
     return cfg
@@ -51,6 +60,21 @@ def _parse_value(raw: str) -> Any:
         return raw  # a glob such as *.txt, which YAML would take for an alias
 
 
+def _prepare(cfg: DataConfig, force: bool) -> tuple[Path, str]:
+    """Tokenize unless the shards are there, verified and made from today's inputs (as train.py checks them:
+    shards shipped to a GPU machine cannot be checked against the inputs there); returns the folder and what
+    was done."""
+    directory = shard_dir(cfg)
+    if force or not (directory / "meta.json").is_file():
+        return prepare_shards(cfg, force=force), "prepared"
+    try:
+        load_splits(cfg, prepare_if_missing=False)
+    except ShardError as error:
+        reason = error.__cause__ or error  # without load_splits' advice to run this script
+        return prepare_shards(cfg, force=True), f"prepared again ({reason})"
+    return directory, "already prepared, checked against its inputs (--force redoes it)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="data=NAME and data.FIELD=VALUE (see data/config.py)")
@@ -60,15 +84,13 @@ def main() -> None:
         cfg = data_config(args.overrides)
     except ValueError as err:
         parser.error(str(err))
-    existed = (shard_dir(cfg) / "meta.json").is_file()
     try:
-        directory = prepare_shards(cfg, force=args.force)
+        directory, state = _prepare(cfg, args.force)
     except (FileNotFoundError, ValueError) as err:
         sys.exit(f"error: {err}")  # missing data or a bad config: the message says what to do
     meta = open_shards(directory).meta
     size_mib = sum(f.stat().st_size for f in directory.iterdir()) / 2**20
     n_docs, n_tokens = meta["n_docs"], meta["n_tokens"]
-    state = "already prepared (--force redoes it)" if existed and not args.force else "prepared"
     print(f"data={cfg.name}: {state} in {directory} ({size_mib:.1f} MiB)")
     for split in ("train", "val"):
         print(f"  {split:5s} {n_docs[split]:>8,} documents {n_tokens[split]:>14,} tokens")

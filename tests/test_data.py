@@ -136,6 +136,18 @@ def test_text_files_through_datasets(tmp_path):
     assert shard_dir(glob_cfg) != shard_dir(cfg)
 
 
+def test_text_files_with_glob_characters_in_their_names_are_read_as_named(tmp_path):
+    texts = {"doc_[a].txt": "the bracketed file", "doc_a.txt": "the plain file", "notes?.txt": "a question"}
+    write_files(tmp_path / "corpus", texts)
+    corpus = open_corpus(DataConfig(name="text_files", path=str(tmp_path / "corpus")))
+    assert {doc.doc_id: doc.text for doc in corpus.documents} == texts
+    (tmp_path / "lone").mkdir()
+    lone = tmp_path / "lone" / "notes[1].txt"
+    lone.write_text("alone")
+    for path in (tmp_path / "lone", lone):  # a folder holding it, or its own path: not a pattern
+        assert [doc.text for doc in open_corpus(DataConfig(name="text_files", path=str(path))).documents] == ["alone"]
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_hf_source_on_local_json(tmp_path, streaming):
     rows = [{"id": i, "body": f"Document {i}: " + "words " * (i + 1)} for i in range(12)]
@@ -306,3 +318,32 @@ def test_prepare_data_script_prints_the_summary(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     assert "data=text_files: prepared in" in result.stdout
     assert "total        6 documents" in result.stdout
+
+
+def test_prepare_data_script_prepares_again_when_the_inputs_changed(tmp_path):
+    """Shards shipped to a GPU machine cannot be checked against their inputs there: the script checks them here."""
+    write_files(tmp_path / "corpus", {f"{i}.txt": f"text number {i} " * 20 for i in range(6)})
+    command = [sys.executable, str(REPO / "scripts/prepare_data.py"), "data=text_files"]
+    command += [f"data.path={tmp_path / 'corpus'}", f"data.cache_dir={tmp_path / 'cache'}"]
+    subprocess.run(command, capture_output=True, text=True, check=True)
+    assert (
+        "already prepared, checked against its inputs" in subprocess.run(command, capture_output=True, text=True).stdout
+    )
+    (tmp_path / "corpus" / "0.txt").write_text("an edited document " * 20)
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert "data=text_files: prepared again (" in result.stdout and "is stale: its input files changed" in result.stdout
+    assert "already prepared, checked" in subprocess.run(command, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.foo=bar", "data.foo='bar': Key 'foo' not in 'DataConfig'; the fields are data.name, data.cache_dir"),
+        ("data.val_fraction=abc", "data.val_fraction='abc': Value 'abc' of type 'str' could not be converted"),
+        ("data.name=shakespeare", "override 'data.name=shakespeare': choose the source with data=NAME, not data.name"),
+    ],
+)
+def test_prepare_data_script_names_a_bad_override(override, message):
+    command = [sys.executable, str(REPO / "scripts/prepare_data.py"), "data=text_files", override]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
