@@ -45,7 +45,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-lens", type=csv_list(int), default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--budget-min", type=float, help="start no run that would end past this many minutes")
     parser.add_argument("--out", type=Path, help="sweep dir (default runs/<preset>)")
-    return parser.parse_intermixed_args(argv)  # overrides may follow the options
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
+    presets = sorted(path.stem for path in (ROOT / "configs" / "experiment").glob("*.yaml"))
+    if args.preset not in presets:
+        parser.error(
+            f"preset {args.preset!r}: no configs/experiment/{args.preset}.yaml; choose one of {', '.join(presets)}"
+        )
+    return args
 
 
 def train_command(args: argparse.Namespace, backend: str, seq_len: int, run_dir: Path) -> list[str]:

@@ -316,6 +316,15 @@ def _sweep(out: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+def test_sweep_refuses_an_unknown_preset_before_any_run(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["long_context_sped"])
+    assert (
+        "preset 'long_context_sped': no configs/experiment/long_context_sped.yaml; choose one of"
+        in capsys.readouterr().err
+    )
+
+
 def test_sweep_resumes_records_crashes_and_feeds_the_report(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     first = _sweep(out, "--budget-min", "0.001")  # the budget ends after the first run
