@@ -82,6 +82,16 @@ def test_resumed_run_matches_the_uninterrupted_one_bit_for_bit(tmp_path):
     assert first_job.name.split("-")[-1] == second_job.name.split("-")[-1]
 
 
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="only an MKL build runs CPU matmuls in MKL")
+def test_a_cpu_run_puts_mkl_in_its_reproducible_mode(tmp_path):
+    """The conditions under which a CPU run repeats bit for bit (training/main.py): MKL's conditional numerical
+    reproducibility on (CNR) and dynamic threading off (Dyn:0), in every MKL call MKL_VERBOSE reports."""
+    env = {key: value for key, value in os.environ.items() if key != "MKL_CBWR"}
+    proc = train(tmp_path / "run", "train.max_steps=1", env={**env, "MKL_VERBOSE": "1"})
+    assert_ok(proc)
+    assert set(re.findall(r"CNR:\S+ Dyn:\d", proc.stdout)) == {"CNR:AUTO Dyn:0"}
+
+
 def test_diverging_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     proc = train(run_dir, "train.lr=1e6", "train.warmup_steps=0", "train.max_steps=10", "checkpoint.every=1")
@@ -118,6 +128,7 @@ def test_flash_without_cuda_runs_through_the_interpreter_with_one_warning(tmp_pa
     ("override", "message"),
     [
         ("attention=flesh", "Could not find 'attention/flesh'\n\nAvailable options in 'attention':\n\tflash\n"),
+        ("experiment=quickstrat", "Could not find 'experiment/quickstrat'\n\nAvailable options in 'experiment':"),
         ("train.lrr=1", "Could not override 'train.lrr'"),
         ("seq_len=0", "seq_len=0 is out of range: it must be in [1, 65536]"),
         ("eval.span_len=32", "eval.span_len=32 must be a multiple of seq_len=64"),
