@@ -22,7 +22,7 @@ from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.python_code import stdlib_package_of, sympy_package_of
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig, rotary_tables
-from flashgpt.training.checkpoint import load_checkpoint, save_checkpoint
+from flashgpt.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.context_eval import (
     LongDocuments,
@@ -278,6 +278,20 @@ def test_extension_refuses_a_checkpoint_of_another_schedule_model_or_a_longer_co
         extend_from_checkpoint(tmp_path / "latest.pt", *_fresh(16, train), state["config"], tokens_per_step=32)
     with pytest.raises(FileNotFoundError, match="extend_from="):
         extend_from_checkpoint(tmp_path / "missing.pt", *_fresh(32, train), state["config"], tokens_per_step=32)
+
+
+def test_extension_refuses_a_checkpoint_at_the_runs_last_step_or_a_file_that_is_no_checkpoint(tmp_path):
+    """Extending from step 3 into a run that stops at step 3 or before would train nothing and report ok."""
+    train = TrainConfig(batch_size=2, max_steps=10, warmup_steps=2, lr=1e-3)
+    _, state = _trained_state(16, train, steps=3)
+    save_checkpoint(state, tmp_path / "latest.pt")
+    for fields, last_step in (({"max_steps": 3}, 3), ({"stop_at_step": 2}, 2)):
+        config = {**state["config"], "seq_len": 32, "train": {**state["config"]["train"], **fields}}
+        with pytest.raises(ExtensionError, match=f"is at step 3, but this run stops at step {last_step}"):
+            extend_from_checkpoint(tmp_path / "latest.pt", *_fresh(32, train), config, tokens_per_step=32)
+    torch.save({"weights": torch.ones(2)}, tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match=r"foreign\.pt is not a training checkpoint: it lacks model"):
+        extend_from_checkpoint(tmp_path / "foreign.pt", *_fresh(32, train), state["config"], tokens_per_step=32)
 
 
 def test_extension_can_interpolate_the_position_table_instead(tmp_path):

@@ -35,7 +35,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from flashgpt.model.gpt import GPT
 from flashgpt.model.hf import resize_positions
-from flashgpt.training.checkpoint import load_checkpoint
+from flashgpt.training.checkpoint import load_training_state
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,15 @@ def extend_from_checkpoint(
     run from `config`, the resolved config); returns the checkpoint's step, from which the run continues."""
     if not path.is_file():
         raise FileNotFoundError(f"extend_from={path}: no such checkpoint (a run's <run dir>/checkpoints/latest.pt)")
-    state = load_checkpoint(path)
-    saved = state["config"]
+    state = load_training_state(path)  # a file that is not a trainer's checkpoint is refused, naming it
+    saved, train = state["config"], config["train"]
+    last_step = train.get("stop_at_step") or train["max_steps"]
+    if state["step"] >= last_step:
+        raise ExtensionError(
+            f"extend_from={path} is at step {state['step']}, but this run stops at step {last_step} "
+            f"(train.max_steps={train['max_steps']}, train.stop_at_step={train.get('stop_at_step')}): it would train "
+            f"nothing at seq_len={config['seq_len']}. Set train.max_steps (and stop_at_step) above {state['step']}"
+        )
     _check_compatible(saved, config, _tokens_per_step(saved, len(state["rank_states"])), tokens_per_step, path)
     if model.wpe is None:  # rope: no weight depends on the context length
         model.load_state_dict(state["model"])
