@@ -11,6 +11,7 @@ another under a `--- sample i ---` line; the speed goes to stderr.
 """
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, prepar
 from flashgpt.model.generation import generate
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.model.sparsity import BlockSparseConfig
-from flashgpt.training.checkpoint import load_checkpoint
+from flashgpt.training.checkpoint import CheckpointError, load_training_state
 from flashgpt.training.precision import autocast
 
 
@@ -55,7 +56,7 @@ def attention_config(saved: dict[str, Any], name: str | None) -> AttentionConfig
 
 def load_model(path: Path, attention: str | None, device: torch.device) -> tuple[GPT, dict[str, Any]]:
     """The checkpoint's model in eval mode on `device`, and the run config it was trained with."""
-    state = load_checkpoint(path)
+    state = load_training_state(path)  # a file that is not a trainer's checkpoint is refused, naming it
     config = state["config"]
     att = attention_config(config["attention"], attention)
     prepare_backend(att.name, device)
@@ -66,12 +67,24 @@ def load_model(path: Path, attention: str | None, device: torch.device) -> tuple
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.max_new_tokens < 0 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
-        sys.exit("need --max-new-tokens >= 0, --num-samples >= 1, --temperature >= 0 and --top-k >= 0")
+    for flag, value, valid in (
+        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 0),
+        ("--num-samples", args.num_samples, args.num_samples >= 1),
+        ("--temperature", args.temperature, math.isfinite(args.temperature) and args.temperature >= 0),
+        ("--top-k", args.top_k, args.top_k >= 0),
+    ):
+        if not valid:
+            sys.exit(
+                f"{flag} {value} is out of range: need --max-new-tokens >= 0, --num-samples >= 1, a finite "
+                "--temperature >= 0 and --top-k >= 0"
+            )
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
-    model, config = load_model(args.checkpoint, args.attention, device)
+    try:
+        model, config = load_model(args.checkpoint, args.attention, device)
+    except CheckpointError as error:
+        sys.exit(str(error))
     tokenizer = get_tokenizer()
     prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") if args.prompt else [EOT_ID]
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)

@@ -379,6 +379,20 @@ def test_a_file_that_is_not_a_training_checkpoint_is_refused_naming_it(tmp_path)
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize("case", ["a run dir", "a foreign file", "temperature nan"])
+def test_sample_names_what_is_wrong_with_its_arguments(stopped_run, tmp_path, case):
+    if case == "a run dir":
+        argv, message = [stopped_run], f"checkpoint {stopped_run} is a directory; pass the checkpoint file, e.g. "
+    elif case == "a foreign file":
+        torch.save({"weights": torch.ones(3)}, tmp_path / "weights.pt")
+        argv, message = [tmp_path / "weights.pt"], f"checkpoint {tmp_path / 'weights.pt'} is not a training checkpoint"
+    else:
+        argv, message = [latest(stopped_run), "--temperature", "nan"], "--temperature nan is out of range: need"
+    command = [sys.executable, "scripts/sample.py", *map(str, argv), "--max-new-tokens", "2"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_resume_from_a_damaged_checkpoint_stops_before_training(run_dir):
     flip_bytes(latest(run_dir), 2000)
     stderr = failed(train(run_dir, *RESUME))

@@ -98,6 +98,10 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 def verify_checkpoint(path: Path) -> None:
     """Check every record of the checkpoint archive against the CRC-32 written with it; raise CheckpointError
     naming the file when it is missing, empty, truncated or damaged."""
+    if path.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} is a directory; pass the checkpoint file, e.g. {path}/checkpoints/{LATEST}"
+        )
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if path.stat().st_size == 0:
