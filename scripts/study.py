@@ -3,6 +3,7 @@
     python scripts/study.py pack-data context            # CPU machine: tokenize, write .cache/ship/<shards>.tar.xz
     python scripts/study.py run context --budget-min 9 --export $OUT/context-raw.tar.gz   # GPU; repeat until done
     python scripts/study.py import context-raw.tar.gz     # CPU machine: into results/context/raw/
+    python scripts/study.py import rope-raw.tar.gz --merge   # ... keeping raw/'s runs that the tarball lacks
     python scripts/study_report.py results/context        # report.md and plots from raw/, no GPU
     python scripts/study.py eval runs/context/seed0/1024 --study context   # the evaluations alone, on any run
 
@@ -465,8 +466,10 @@ def exported_study(tarball: Path) -> str:
     return study
 
 
-def import_results(tarball: Path, results_dir: Path) -> Path:
-    """Unpack an exported tarball into results_dir/raw, replacing it only once the whole archive is unpacked."""
+def import_results(tarball: Path, results_dir: Path, merge: bool = False) -> Path:
+    """Unpack an exported tarball into results_dir/raw, replacing it only once the whole archive is unpacked.
+    merge: keep the runs and evaluations of the present raw/ that the tarball lacks (another arm's, or a run
+    exported from another machine), with their plan.json entries; the tarball's spec.yaml and runs win."""
     raw = results_dir / "raw"
     staging = results_dir / ".raw.new"
     shutil.rmtree(staging, ignore_errors=True)
@@ -477,9 +480,44 @@ def import_results(tarball: Path, results_dir: Path) -> Path:
     except (OSError, EOFError, tarfile.TarError) as error:
         shutil.rmtree(staging)
         raise SystemExit(f"{tarball} cannot be unpacked ({error}); {raw} is unchanged") from error
+    if merge and (raw / "plan.json").is_file():
+        try:
+            merge_raw(raw, staging)
+        except SystemExit:
+            shutil.rmtree(staging)
+            raise
     shutil.rmtree(raw, ignore_errors=True)
     staging.rename(raw)
     return raw
+
+
+def merge_raw(old: Path, new: Path) -> list[str]:
+    """Copy into `new` (an unpacked export) the run dirs and evaluations of `old` (a raw/ folder of the same study)
+    that `new` lacks or that ran further in `old`; returns the run names taken from `old`."""
+    old_plan, new_plan = json.loads((old / "plan.json").read_text()), json.loads((new / "plan.json").read_text())
+    if old_plan.get("study") != new_plan.get("study"):
+        raise SystemExit(f"cannot merge study {new_plan.get('study')!r} into {old} of study {old_plan.get('study')!r}")
+    kept = []
+    for name, entry in old_plan["nodes"].items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise SystemExit(f"{old / 'plan.json'} names the run {name!r}, a path outside its runs/")
+        mine, theirs = new / "runs" / name, old / "runs" / name
+        ahead = entry.get("reached_step", 0) > new_plan["nodes"].get(name, {}).get("reached_step", 0)
+        if (theirs / STUDY_STATE).is_file() and (ahead or not (mine / STUDY_STATE).is_file()):
+            shutil.rmtree(mine, ignore_errors=True)
+            shutil.copytree(theirs, mine)
+            new_plan["nodes"][name] = entry
+            evaluation, stale = old / "evals" / f"{name}.json", new / "evals" / f"{name}.json"
+            if evaluation.is_file():
+                stale.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(evaluation, stale)
+            else:  # the export's evaluation is of the other, shorter run
+                stale.unlink(missing_ok=True)
+            kept.append(name)
+    finals = {(f["recipe"], f["seed"]) for f in new_plan["finals"]}
+    new_plan["finals"] += [f for f in old_plan["finals"] if (f["recipe"], f["seed"]) not in finals]
+    (new / "plan.json").write_text(json.dumps(new_plan, indent=1) + "\n")
+    return kept
 
 
 # --- command line --------------------------------------------------------------------------------------------
@@ -512,6 +550,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     import_cmd = commands.add_parser("import", help="unpack exported raw results into results/<study>/raw")
     import_cmd.add_argument("tarball", type=Path)
     import_cmd.add_argument("--results", type=Path, help="default results/<study in the tarball>")
+    import_cmd.add_argument(
+        "--merge", action="store_true", help="keep the runs of raw/ that the tarball lacks (e.g. another arm's)"
+    )
     return parser.parse_args(argv)
 
 
@@ -519,7 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress lines show up as they happen in a captured log
     if args.command == "import":
-        raw = import_results(args.tarball, args.results or ROOT / "results" / exported_study(args.tarball))
+        results = args.results or ROOT / "results" / exported_study(args.tarball)
+        raw = import_results(args.tarball, results, merge=args.merge)
         print(
             f"{raw}: {len(list(raw.glob('runs/**/result.json')))} runs, {len(list(raw.glob('evals/**/*.json')))} "
             f"evaluations; now: python scripts/study_report.py {raw.parent}"

@@ -114,8 +114,22 @@ def by_recipe(spec: Spec, models: list[Model]) -> dict[str, list[Model]]:
     return {name: sorted(group, key=lambda m: m.seed) for name, group in grouped.items() if group}
 
 
-def baseline_of(spec: Spec, models: list[Model], seed: int) -> Model | None:
-    return next((m for m in models if m.recipe.name == spec.baseline and m.seed == seed), None)
+def baseline_name(spec: Spec, recipe: Recipe) -> str | None:
+    """The recipe a recipe is compared with: within an arm, the arm's recipe of the baseline's stages (rope-fixed-1k
+    for the rope recipes), so that only the schedule differs; the spec's baseline for recipes of no arm and for the
+    arm's own baseline (rope-fixed-1k vs fixed-1k: the position encoding alone); None for the spec's baseline."""
+    base = spec.recipes[spec.baseline]
+    if recipe.arm is not None and recipe.arm != base.arm:
+        for other in spec.recipes.values():
+            same = (other.stages, other.stage_overrides) == (base.stages, base.stage_overrides)
+            if other.arm == recipe.arm and same and other.equal_time_to is None and other.name != recipe.name:
+                return other.name
+    return None if recipe.name == spec.baseline else spec.baseline
+
+
+def baseline_of(spec: Spec, models: list[Model], model: Model) -> Model | None:
+    name = baseline_name(spec, model.recipe)
+    return next((m for m in models if m.recipe.name == name and m.seed == model.seed), None)
 
 
 # --- tables -----------------------------------------------------------------------------------------------
@@ -125,14 +139,14 @@ def summary_table(spec: Spec, models: list[Model]) -> str:
     first = spec.eval.first_bin
     lines = [
         f"| recipe | stages | seeds | training tokens | training GPU-min | ppl at own context | loss | loss at "
-        f"positions ≥ {_k(first)} | Δ vs {spec.baseline} at ≥ {_k(first)} (paired SE) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        f"positions ≥ {_k(first)} | baseline | Δ vs baseline at ≥ {_k(first)} (paired SE) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for name, group in by_recipe(spec, models).items():
         deltas = []
         for model in group:
-            base = baseline_of(spec, models, model.seed)
-            if base is not None and name != spec.baseline:
+            base = baseline_of(spec, models, model)
+            if base is not None:
                 mean, se, _ = paired(model, base)
                 deltas.append(f"seed {model.seed}: {mean:+.4f} ({se:.4f})")
         loss = _mean([m.full["loss"] for m in group])
@@ -145,6 +159,7 @@ def summary_table(spec: Spec, models: list[Model]) -> str:
             _fmt(math.exp(loss) if loss is not None else None, ".2f"),
             _fmt(loss, ".4f"),
             _fmt(_mean([beyond_first_bin(m.full)[0] for m in group]), ".4f"),
+            baseline_name(spec, group[0].recipe) or "–",
             "; ".join(deltas) or "–",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -194,19 +209,15 @@ def domain_table(spec: Spec, models: list[Model]) -> str | None:
     domains = {name: docs for name, docs in domains.items() if docs}
     if len(domains) < 2:
         return None
-    header = " | ".join(f"{name} ({len(docs)} docs): loss, Δ vs {spec.baseline}" for name, docs in domains.items())
+    header = " | ".join(f"{name} ({len(docs)} docs): loss, Δ vs baseline" for name, docs in domains.items())
     lines = [f"| recipe | seed | {header} |", "|---|---:" + "|---" * len(domains) + "|"]
     for m in models:
         _, per_doc = beyond_first_bin(m.full)
-        base = baseline_of(spec, models, m.seed)
+        base = baseline_of(spec, models, m)
         cells = []
         for docs in domains.values():
             loss = statistics.fmean(per_doc[d] for d in docs)
-            delta = (
-                ""
-                if base is None or m.recipe.name == spec.baseline
-                else ", {:+.4f} ({:.4f})".format(*paired(m, base, docs)[:2])
-            )
+            delta = "" if base is None else ", {:+.4f} ({:.4f})".format(*paired(m, base, docs)[:2])
             cells.append(f"{loss:.4f}{delta}")
         lines.append(f"| {m.recipe.name} | {m.seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -245,32 +256,35 @@ def reading(spec: Spec, models: list[Model]) -> list[str]:
     lines = []
     first = _k(spec.eval.first_bin)
     groups = by_recipe(spec, models)
-    base_group = groups.get(spec.baseline, [])
-    if len(base_group) > 1:
-        values = [beyond_first_bin(m.full)[0] for m in base_group]
-        lines.append(f"- run-to-run spread of {spec.baseline} (loss at positions ≥ {first}, seeds "
-                     f"{[m.seed for m in base_group]}): {max(values) - min(values):.4f} nats.")  # fmt: skip
+    baselines = [n for n in groups if n == spec.baseline or any(baseline_name(spec, m.recipe) == n for m in models)]
+    for base in baselines:
+        if len(groups[base]) > 1:
+            values = [beyond_first_bin(m.full)[0] for m in groups[base]]
+            lines.append(f"- run-to-run spread of {base} (loss at positions ≥ {first}, seeds "
+                         f"{[m.seed for m in groups[base]]}): {max(values) - min(values):.4f} nats.")  # fmt: skip
     for name, group in groups.items():
         bins = group[0].full["bins"]
         trend = " → ".join(f"{_fmt(_mean([m.full['bins'][b] for m in group]), '.3f')}" for b in bins)
         lines.append(f"- {name}: loss by position bin {trend} ({', '.join(bins)}).")
-        if name == spec.baseline:
-            continue
-        pairs = [(m, baseline_of(spec, models, m.seed)) for m in group]
+        pairs = [(m, baseline_of(spec, models, m)) for m in group]
         pairs = [(m, b) for m, b in pairs if b is not None]
+        base_name = baseline_name(spec, group[0].recipe)
         if pairs:
             ppl = statistics.fmean(math.exp(m.full["loss"]) for m, _ in pairs)
             base_ppl = statistics.fmean(math.exp(b.full["loss"]) for _, b in pairs)
             lines.append(
-                f"  held-out perplexity at its own context {ppl:.2f} vs {spec.baseline}'s {base_ppl:.2f} "
+                f"  held-out perplexity at its own context {ppl:.2f} vs {base_name}'s {base_ppl:.2f} "
                 f"({100 * (ppl / base_ppl - 1):+.2f}%), same targets, seeds {[m.seed for m, _ in pairs]}."
             )
             means = [paired(m, b)[0] for m, b in pairs]
             relative = [paired(m, b)[0] / beyond_first_bin(b.full)[0] for m, b in pairs]
             detail = "; ".join(f"seed {m.seed}: {paired(m, b)[0]:+.4f} ± {paired(m, b)[1]:.4f}" for m, b in pairs)
+            spread = f"; spread over seeds {max(means) - min(means):.4f}" if len(means) > 1 else ""
             lines.append(
-                f"  vs {spec.baseline} at positions ≥ {first}: {statistics.fmean(means):+.4f} nats "
-                f"({100 * statistics.fmean(relative):+.2f}%), paired over {paired(*pairs[0])[2]} documents ({detail})."
+                f"  vs {base_name} at positions ≥ {first}: {statistics.fmean(means):+.4f} nats "
+                f"({100 * statistics.fmean(relative):+.2f}%; perplexity there "
+                f"{100 * statistics.fmean(math.expm1(d) for d in means):+.2f}%), "
+                f"paired over {paired(*pairs[0])[2]} documents ({detail}{spread})."
             )
         passkey = _mean_passkey(group)
         if passkey:
@@ -405,7 +419,11 @@ def build_report(results: Path) -> Path:
 
 
 def _setup(spec: Spec, models: list[Model], raw: Path) -> str:
-    devices = sorted({m.evaluation["device"] for m in models})
+    recipes_on: dict[str, list[str]] = {}  # device -> recipes evaluated there (their training ran there too)
+    for name, group in by_recipe(spec, models).items():
+        for device in sorted({m.evaluation["device"] for m in group}):
+            recipes_on.setdefault(device, []).append(name)
+    devices = [f"{d} ({', '.join(names)})" if len(recipes_on) > 1 else d for d, names in sorted(recipes_on.items())]
     first_config = next(iter(sorted(raw.glob("runs/**/config.yaml"))), None)
     config = yaml.safe_load(first_config.read_text()) if first_config else {}
     model = config.get("model", {})
@@ -415,7 +433,7 @@ def _setup(spec: Spec, models: list[Model], raw: Path) -> str:
             f"{config.get('data', {}).get('name')}, {spec.max_steps} steps of "
             f"{config.get('train', {}).get('tokens_per_step')} tokens per recipe",
             f"- evaluation: {len(models[0].evaluation['doc_ids']) if models else 0} held-out documents of at least "
-            f"{spec.eval.length + 1:,} tokens; seeds {list(spec.seeds)}; devices: {', '.join(devices) or '–'}",
+            f"{spec.eval.length + 1:,} tokens; seeds {list(spec.seeds)}; devices: {'; '.join(devices) or '–'}",
         ]
     )
 

@@ -429,6 +429,81 @@ def test_a_bad_study_spec_is_refused_naming_the_file_and_the_problem(change, mes
     assert "configs/study/bad.yaml" in str(error.value)
 
 
+def test_each_arm_is_compared_with_its_own_fixed_context_baseline():
+    import study_report
+
+    spec = study_plan.load_spec("context")
+    recipes = spec.recipes
+    for name in ("rope-ext-16k-90-abf", "rope-ext-16k-75", "rope-staged-abf", "rope-fixed-16k", "rope-fixed-1k-time"):
+        assert study_report.baseline_name(spec, recipes[name]) == "rope-fixed-1k"
+    # The arm's baseline against the study's: the position encoding alone; the learned recipes as before.
+    assert study_report.baseline_name(spec, recipes["rope-fixed-1k"]) == "fixed-1k"
+    assert study_report.baseline_name(spec, recipes["ext-16k"]) == "fixed-1k"
+    assert study_report.baseline_name(spec, recipes["fixed-1k"]) is None
+
+    def model(recipe: str, seed: int) -> study_report.Model:
+        return study_report.Model(recipes[recipe], seed, recipe, {}, None, None)
+
+    models = [model(r, s) for r in ("fixed-1k", "rope-fixed-1k", "rope-ext-16k-90-abf") for s in (0, 1)]
+    base = study_report.baseline_of(spec, models, models[5])
+    assert (base.recipe.name, base.seed) == ("rope-fixed-1k", 1)
+    assert study_report.baseline_of(spec, models[:2], models[5]) is None  # no rope-fixed-1k: no comparison
+
+
+def _raw_dir(root: Path, runs: dict[str, int]) -> Path:
+    """A raw/ folder as `study.py export` writes it, with runs {name: reached step}, each evaluated once finished."""
+    nodes = {}
+    for name, step in runs.items():
+        (root / "runs" / name).mkdir(parents=True)
+        (root / "runs" / name / study.STUDY_STATE).write_text(
+            json.dumps({"jobs": [{"wall_s": 1.0}], "where": str(root)})
+        )
+        if step == 8:
+            (root / "evals" / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / "evals" / f"{name}.json").write_text(json.dumps({"where": str(root)}))
+        nodes[name] = {"seq_len": 64, "reached_step": step, "max_steps": 8}
+    finals = [{"recipe": name, "seed": 0, "node": name} for name in runs]
+    (root / "plan.json").write_text(json.dumps({"study": "context_smoke", "nodes": nodes, "finals": finals}))
+    (root / "spec.yaml").write_text(f"from: {root}\n")
+    return root
+
+
+def test_import_merge_keeps_the_runs_the_export_lacks_and_the_further_of_two(tmp_path):
+    import tarfile
+
+    results = tmp_path / "results"
+    _raw_dir(results / "raw", {"seed0/64": 8, "seed0/64x6_256": 8, "seed0/rope/64": 8})
+    export = _raw_dir(tmp_path / "export", {"seed0/rope/64": 6, "seed0/rope/64x6_256": 8})
+    with tarfile.open(tmp_path / "raw.tar.gz", "w:gz") as archive:
+        for path in export.iterdir():
+            archive.add(path, arcname=path.name)
+
+    raw = study.import_results(tmp_path / "raw.tar.gz", results, merge=True)
+    plan = json.loads((raw / "plan.json").read_text())
+    origin = {
+        name: json.loads((raw / "runs" / name / study.STUDY_STATE).read_text())["where"] for name in plan["nodes"]
+    }
+    old, new = str(results / "raw"), str(export)
+    # Kept from raw/: the other arm's runs, and the run that had gone further there; the rest is the export's.
+    assert origin == {"seed0/rope/64": old, "seed0/rope/64x6_256": new, "seed0/64": old, "seed0/64x6_256": old}
+    assert plan["nodes"]["seed0/rope/64"]["reached_step"] == 8
+    assert sorted(f["node"] for f in plan["finals"]) == sorted(origin)
+    assert {p.relative_to(raw / "evals").as_posix() for p in (raw / "evals").rglob("*.json")} == {
+        "seed0/64.json", "seed0/64x6_256.json", "seed0/rope/64.json", "seed0/rope/64x6_256.json"
+    }  # fmt: skip
+    assert (raw / "spec.yaml").read_text() == f"from: {export}\n"
+    assert not (results / ".raw.new").exists()
+
+    # Without --merge the export replaces raw/; a raw/ of another study is refused and left as it was.
+    raw = study.import_results(tmp_path / "raw.tar.gz", results)
+    assert sorted(json.loads((raw / "plan.json").read_text())["nodes"]) == ["seed0/rope/64", "seed0/rope/64x6_256"]
+    plan = json.loads((raw / "plan.json").read_text())
+    (raw / "plan.json").write_text(json.dumps({**plan, "study": "other"}))
+    with pytest.raises(SystemExit, match="cannot merge study 'context_smoke'"):
+        study.import_results(tmp_path / "raw.tar.gz", results, merge=True)
+    assert json.loads((raw / "plan.json").read_text())["study"] == "other"
+
+
 def test_a_job_past_the_budget_is_stopped(tmp_path):
     command = ["python", "-c", "import time; print('started', flush=True); time.sleep(60)"]
     returncode, stopped, wall_s = study.run_job(command, tmp_path, deadline=time.monotonic() + 2)
