@@ -24,10 +24,13 @@ Each pattern has one size parameter (local_global: local_blocks, strided: stride
 or give a target `density` and the size whose density is nearest is chosen for the run's number of blocks.
 """
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -176,6 +179,13 @@ def resolve_parameters(cfg: BlockSparseConfig, n_blocks: int, causal: bool = Tru
     size = next(name for name, default in own.items() if default is None)
     if cfg.density is not None:
         params[size] = _nearest_size(cfg, params, size, n_blocks, causal)
+        built = block_density(PATTERNS[cfg.pattern](n_blocks, **params, causal=causal), causal)
+        if not cfg.density / 2 <= built <= 2 * cfg.density:  # too few blocks for the pattern to get near it
+            log.warning(
+                f"attention.block_sparse.density={cfg.density}: over {n_blocks} blocks the nearest {cfg.pattern} "
+                f"pattern keeps {built:.2f} of the blocks dense attention computes ({size}={params[size]}); to get "
+                f"near {cfg.density}, use a longer seq_len or a smaller attention.block_size"
+            )
     return params
 
 

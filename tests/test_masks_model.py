@@ -269,6 +269,16 @@ def test_density_target_picks_the_nearest_size(pattern, target):
         assert abs(block_density(other) - target) >= abs(density - target)
 
 
+def test_a_density_too_few_blocks_cannot_reach_is_warned_about(caplog):
+    """seq_len <= block_size is one block: any pattern keeps it all, so density=0.1 would silently train dense."""
+    cfg = BlockSparseConfig(pattern="strided", density=0.1)
+    resolve_parameters(cfg, n_blocks=1)
+    assert "density=0.1: over 1 blocks the nearest strided pattern keeps 1.00 of the blocks" in caplog.text
+    caplog.clear()
+    resolve_parameters(cfg, n_blocks=64)  # enough blocks to come near it
+    assert caplog.text == ""
+
+
 def test_block_density_counts_the_causal_triangle():
     assert block_density(torch.ones(1, 4, 4, dtype=torch.bool)) == 1.0
     assert block_density(torch.eye(4, dtype=torch.bool)[None]) == 4 / 10
