@@ -37,7 +37,7 @@ from flashgpt.training.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
+from flashgpt.training.config import EvalConfig, TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.resume import (
     ResumeConfigError,
     apply_optimizer_settings,
@@ -215,6 +215,18 @@ def test_resume_policy_per_key(tmp_path):
     assert "attention.name=flash in the checkpoint, attention.name=naive now" in str(refusal.value)
     assert "seed=0 in the checkpoint, seed=1 now (the seed orders the data windows" in str(refusal.value)
     assert "data.document_mask=False in the checkpoint, data.document_mask=True now" in str(refusal.value)
+
+
+def test_a_setting_the_checkpoint_predates_is_compared_with_its_default(tmp_path):
+    """A checkpoint written before model.position_embedding existed ran with its default, learned positions."""
+    saved = {"seed": 0, "model": {"n_head": 2}}
+    learned = {"seed": 0, "model": {"n_head": 2, "position_embedding": "learned", "rope_base": 10000.0}}
+    assert check_resume_config(saved, learned, tmp_path / LATEST) == []
+    rope = {"seed": 0, "model": {"n_head": 2, "position_embedding": "rope"}}
+    with pytest.raises(ResumeConfigError, match=r"model.position_embedding not in the checkpoint \(so learned\), "):
+        check_resume_config(saved, rope, tmp_path / LATEST)
+    evaluated = check_resume_config(saved, {**saved, "eval": {"every": 7}}, tmp_path / LATEST)
+    assert evaluated == [f"eval.every: {EvalConfig().every} -> 7"]
 
 
 def test_resumed_optimizer_takes_the_new_hyperparameters_and_keeps_its_moments():

@@ -12,8 +12,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
+
+from flashgpt.data.config import DataConfig
+from flashgpt.model.attention import AttentionConfig
+from flashgpt.model.gpt import ModelConfig
+from flashgpt.training.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +59,19 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], checkpoi
     """Compare the checkpoint's config with this run's. Raises ResumeConfigError naming every refused change and
     both values; returns the applied changes as "key: old -> new" lines (logged here too)."""
     saved_flat, current_flat = flatten(saved), flatten(current)
+    # A checkpoint written before a setting existed ran with its default (a new setting's default keeps the
+    # earlier behaviour): compare with that, not skip it.
+    defaults = _defaults()
+    absent = {key: defaults[key] for key in current_flat.keys() - saved_flat.keys() if key in defaults}
     refused, applied = [], []
-    for key in sorted(saved_flat.keys() & current_flat.keys()):
-        old, new = saved_flat[key], current_flat[key]
+    for key in sorted((saved_flat.keys() & current_flat.keys()) | absent.keys()):
+        old, new = saved_flat.get(key, absent.get(key)), current_flat[key]
         if old == new or key in _IGNORED:
             continue
+        was = f"{key}={old} in the checkpoint" if key in saved_flat else f"{key} not in the checkpoint (so {old})"
         reason = _refusal(key)
         if reason:
-            refused.append(f"{key}={old} in the checkpoint, {key}={new} now ({reason})")
+            refused.append(f"{was}, {key}={new} now ({reason})")
         else:
             applied.append(f"{key}: {old} -> {new}")
     if refused:
@@ -71,6 +82,15 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], checkpoi
     for change in applied:
         log.warning(f"resuming from {checkpoint} with a changed setting, applied from the next step: {change}")
     return applied
+
+
+def _defaults() -> dict[str, Any]:
+    """Every setting's default (the schema's, with the model, attention and data groups' own), flattened."""
+    groups = {"model": ModelConfig, "attention": AttentionConfig, "data": DataConfig}
+    schema = OmegaConf.merge(
+        OmegaConf.structured(Config), {name: OmegaConf.structured(node) for name, node in groups.items()}
+    )
+    return flatten(OmegaConf.to_container(schema, enum_to_str=True))
 
 
 def _refusal(key: str) -> str | None:
