@@ -304,7 +304,13 @@ def seed_dir(seed: int, recipe: Recipe) -> str:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The file's JSON object, {} when there is no file; a damaged one (a truncated copy) is an error naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from error
 
 
 def reached_step(runs_dir: Path, node: Node) -> int:

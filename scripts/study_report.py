@@ -47,7 +47,9 @@ class Model:
 
 
 def load_models(raw: Path) -> tuple[Spec, list[Model], dict]:
-    plan_json = json.loads((raw / "plan.json").read_text())
+    plan_json = read_json(raw / "plan.json")
+    if missing := [key for key in ("study", "nodes") if key not in plan_json]:
+        raise ValueError(f"{raw / 'plan.json'} has no {', '.join(missing)}: it is not the plan of a study.py export")
     spec = parse_spec(plan_json["study"], yaml.safe_load((raw / "spec.yaml").read_text()), where=str(raw / "spec.yaml"))
     runs = raw / "runs"
     plan = current_plan(spec, runs)
@@ -454,7 +456,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="results/<study>, holding raw/")
     args = parser.parse_args(argv)
-    print(build_report(args.results))
+    try:
+        print(build_report(args.results))
+    except (FileNotFoundError, ValueError) as error:  # a missing, truncated or foreign file: the message names it
+        raise SystemExit(f"study_report.py: {error}") from error
     return 0
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import bench_attention  # noqa: E402
 import report  # noqa: E402
 import study  # noqa: E402
+import study_report  # noqa: E402
 import sweep  # noqa: E402
 
 TOKENS_PER_STEP = 32768
@@ -395,3 +396,14 @@ def test_study_import_touches_nothing_but_results_of_a_sound_export(tmp_path: Pa
         with pytest.raises(SystemExit, match=re.escape(f"{path} cannot be unpacked")):
             study.main(["import", str(path), "--results", str(victim)])
     assert (victim / "raw" / "keep.txt").read_text() == "the user's file"
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [('{"study": "cont', "plan.json is not valid JSON"), ('{"study": "context"}', "plan.json has no nodes")],
+)
+def test_study_report_names_a_truncated_or_foreign_plan(tmp_path: Path, plan: str, message: str) -> None:
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "plan.json").write_text(plan)
+    with pytest.raises(SystemExit, match=re.escape(f"study_report.py: {tmp_path / 'raw'}/{message}")):
+        study_report.main([str(tmp_path)])
