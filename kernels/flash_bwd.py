@@ -44,6 +44,16 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def _row_block(n_heads, seq_len, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The (batch, head) and block of query rows a program of the row-wise kernels below owns: (b, h, row offsets,
+    head-dim offsets, in-bounds rows, the rows' int64 index into (B·H·T)-long per-row tensors)."""
+    bh = tl.program_id(1)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row = bh.to(tl.int64) * seq_len + offs_m
+    return bh // n_heads, bh % n_heads, offs_m, tl.arange(0, HEAD_DIM), offs_m < seq_len, row
+
+
+@triton.jit
 def flash_bwd_preprocess_kernel(
     O,
     DO,
@@ -65,18 +75,12 @@ def flash_bwd_preprocess_kernel(
 ):
     """Before the fused dK/dV/dQ pass: δ' = rowsum(dO ∘ O) − dlse in fp32 per query row (dlse: the gradient of the
     returned LSE, or None), and zeros in this program's rows of the fp32 dQ accumulator (if given)."""
-    bh = tl.program_id(1)
-    b = bh // n_heads
-    h = bh % n_heads
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
+    b, h, offs_m, offs_d, row_ok, row = _row_block(n_heads, seq_len, HEAD_DIM, BLOCK_M)
     o_ptrs = head_start(O, b, h, stride_ob, stride_oh)
     do_ptrs = head_start(DO, b, h, stride_dob, stride_doh)
     o = tl.load(o_ptrs + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
     do = tl.load(do_ptrs + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    row = bh.to(tl.int64) * seq_len + offs_m
     if DLSE is not None:
         delta -= tl.load(DLSE + row, mask=row_ok, other=0.0)
     tl.store(Delta + row, delta, mask=row_ok)
@@ -100,13 +104,7 @@ def flash_bwd_dq_convert_kernel(
     BLOCK_M: tl.constexpr,
 ):
     """After the fused pass: dQ = scale · (the fp32 sum of dS·K over key tiles), cast to dQ's dtype."""
-    bh = tl.program_id(1)
-    b = bh // n_heads
-    h = bh % n_heads
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < seq_len
-    row = bh.to(tl.int64) * seq_len + offs_m
+    b, h, offs_m, offs_d, row_ok, row = _row_block(n_heads, seq_len, HEAD_DIM, BLOCK_M)
     dq = tl.load(DQAcc + row[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     dq = dq * tl.cast(softmax_scale, tl.float32)
     dq_ptrs = head_start(DQ, b, h, stride_dqb, stride_dqh)
