@@ -131,6 +131,7 @@ def test_flash_without_cuda_runs_through_the_interpreter_with_one_warning(tmp_pa
         ("experiment=quickstrat", "Could not find 'experiment/quickstrat'\n\nAvailable options in 'experiment':"),
         ("train.lrr=1", "Could not override 'train.lrr'"),
         ("seq_len=0", "seq_len=0 is out of range: it must be in [1, 65536]"),
+        ("data.name=text_files", "data.name=text_files contradicts data=shakespeare: choose the source with data=NAME"),
         ("eval.span_len=32", "eval.span_len=32 must be a multiple of seq_len=64"),
     ],
 )

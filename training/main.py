@@ -38,6 +38,9 @@ def main(cfg: DictConfig) -> float | None:
     """Train one job; returns its final validation loss (NaN when it ran out of memory first; None on ranks > 0).
     A diverged run exits with status 1."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    source = HydraConfig.get().runtime.choices.get("data")
+    if source is not None and cfg.data.name != source:  # the other source's settings (path, files) would stay
+        raise ValueError(f"data.name={cfg.data.name} contradicts data={source}: choose the source with data=NAME alone")
     is_main_rank = int(os.environ.get("RANK", "0")) == 0
     if is_main_rank:
         resolved = OmegaConf.to_yaml(cfg, resolve=True)
