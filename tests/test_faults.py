@@ -130,11 +130,13 @@ def test_rng_states_are_plain_tensors_and_restore_every_stream(tmp_path):
 def test_a_new_run_into_a_run_dir_that_holds_one_is_refused(run_dir):
     metrics_before = (run_dir / "metrics.jsonl").read_bytes()
     checkpoint_before = latest(run_dir).read_bytes()
+    config_before = (run_dir / "resolved_config.yaml").read_bytes()
     stderr = failed(train(run_dir, "train.max_steps=2"))
     assert f"run dir {run_dir} already holds a run (metrics.jsonl, result.json, checkpoints/{LATEST})" in stderr
     assert "Pass resume=auto to continue it, overwrite=true to delete it and start again" in stderr
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics_before
     assert latest(run_dir).read_bytes() == checkpoint_before
+    assert (run_dir / "resolved_config.yaml").read_bytes() == config_before  # the refused run's config is not it
 
 
 def test_overwrite_true_starts_the_run_again(run_dir):

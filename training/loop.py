@@ -52,6 +52,7 @@ from flashgpt.training.step import StepNumbers, TrainStep, build_model_and_optim
 
 log = logging.getLogger(__name__)
 
+RESOLVED_CONFIG = "resolved_config.yaml"
 STEADY_STATE_SKIP = 3  # first steps of a process, slowed by compilation and kernel autotuning
 
 
@@ -64,6 +65,8 @@ def run(cfg: DictConfig, run_dir: Path) -> str:
         # Under torchrun every rank composes its own run dir (${now:...} may differ by a second): use rank 0's.
         run_dir = Path(broadcast_object(str(run_dir), ctx))
         claim_run_dir(run_dir, config.resume, config.overwrite, ctx.is_main, config.extend_from)
+        if ctx.is_main:  # only once the run dir is this run's: a refused run leaves the earlier run's file
+            (run_dir / RESOLVED_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
         resolved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         return Trainer(config, resolved, run_dir, ctx).train()
     finally:

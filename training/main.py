@@ -26,8 +26,6 @@ from flashgpt.training.config import register_configs
 from flashgpt.training.loop import run
 from flashgpt.training.metrics import RESULT_FILE
 
-RESOLVED_CONFIG = "resolved_config.yaml"
-
 log = logging.getLogger(__name__)
 
 register_configs()
@@ -46,7 +44,6 @@ def main(cfg: DictConfig) -> float | None:
         resolved = OmegaConf.to_yaml(cfg, resolve=True)
         log.info(f"config, resolved:\n{resolved}")
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / RESOLVED_CONFIG).write_text(resolved)
     log.info(f"CPU threads: {_reproducible_cpu_math()} (fixed for the run; OMP_NUM_THREADS chooses the count)")
     try:
         status = run(cfg, run_dir)
