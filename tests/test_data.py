@@ -114,7 +114,7 @@ def test_long_prose_has_long_documents_and_keeps_shakespeare_split(shakespeare):
     assert set(shakespeare_val) <= set(ids["val"])  # the split hashes the work, not the corpus
 
 
-def test_text_files_through_datasets(tmp_path):
+def test_text_files_are_one_document_per_file(tmp_path):
     texts = {
         "a.txt": "First document.\nIt has two lines.\n",
         "sub/b.txt": "Second <|endoftext|> document, with the special text kept as ordinary text.",
