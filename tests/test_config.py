@@ -141,7 +141,7 @@ def test_span_len_defaults_to_seq_len_and_may_be_a_multiple():
 
 def test_tokens_per_step_derives_grad_accum():
     cfg = load("seq_len=1024", "train.batch_size=8", "train.tokens_per_step=524288")
-    assert grad_accum_steps(cfg.train, cfg.seq_len, world_size=8) == 8
-    assert grad_accum_steps(load("train.grad_accum=3").train, 1024, world_size=1) == 3
+    assert grad_accum_steps(cfg.train, cfg.seq_len, data_ranks=8) == 8
+    assert grad_accum_steps(load("train.grad_accum=3").train, 1024, data_ranks=1) == 3
     with pytest.raises(ValueError, match=r"train.tokens_per_step=1000 is not divisible by .* = 8192"):
-        grad_accum_steps(load("train.tokens_per_step=1000").train, 1024, world_size=1)
+        grad_accum_steps(load("train.tokens_per_step=1000").train, 1024, data_ranks=1)
