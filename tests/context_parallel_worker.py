@@ -23,6 +23,7 @@ CASES: dict[str, tuple[str, dict]] = {
     **{f"{name}-window-rope": (name, {"window_size": 20, "rope": True}) for name in ("naive", "sdpa", "flash")},
     **{f"{name}-documents": (name, {"documents": True}) for name in ("naive", "sdpa", "flash")},
     **{f"{name}-block-sparse": (name, {"block_sparse": True}) for name in ("naive", "sdpa", "flash")},
+    "sdpa-activation-checkpointing": ("sdpa", {"activation_checkpointing": True}),  # the all-gather runs again
     "flash-dropout": ("flash", {"dropout": 0.1}),
 }
 
@@ -38,7 +39,7 @@ def build(case: str) -> tuple[GPT, Tensor, Tensor, Tensor | None]:
     position = "rope" if opts.get("rope") else "learned"
     cfg = ModelConfig(
         n_layer=2, n_head=2, d_model=128, vocab_size=VOCAB, dropout=opts.get("dropout", 0.0),
-        position_embedding=position,
+        position_embedding=position, activation_checkpointing=opts.get("activation_checkpointing", False),
     )  # fmt: skip
     model = GPT(cfg, SEQ_LEN, attention)
     x, y = torch.randint(0, VOCAB, (2, BATCH, SEQ_LEN)).unbind(0)
