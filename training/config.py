@@ -21,7 +21,7 @@ from flashgpt.training.resolvers import register_resolvers
 log = logging.getLogger(__name__)
 
 # A guard against typos such as seq_len=655360: at 64K tokens GPT-2's learned position table alone is 50M
-# parameters, and the attention benchmarks stop at 16K.
+# parameters, and the attention benchmarks stop at 16K. Per rank: parallel.context=N allows N times as many.
 MAX_SEQ_LEN = 65536
 
 
@@ -137,8 +137,9 @@ def typed_config(cfg: DictConfig) -> Config:
 
 def validate(cfg: Config) -> None:
     """Checks across fields, run before any data is loaded or model built; raises ValueError."""
-    if not 0 < cfg.seq_len <= MAX_SEQ_LEN:
-        raise ValueError(f"seq_len={cfg.seq_len} is out of range: it must be in [1, {MAX_SEQ_LEN}]")
+    longest = MAX_SEQ_LEN * max(cfg.parallel.context, 1)
+    if not 0 < cfg.seq_len <= longest:
+        raise ValueError(f"seq_len={cfg.seq_len} is out of range: it must be in [1, {longest}]")
     if cfg.attention.name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention.name={cfg.attention.name!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
     check_attention_config(cfg.attention)
