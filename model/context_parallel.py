@@ -8,28 +8,27 @@ Attention follows Llama 3: every layer all-gathers K and V (one collective for b
 queries attend to the global keys up to the chunk's end through the unchanged inner attention, Tq < Tk with the
 causal mask aligned bottom-right. Windows, document ids and block-sparse layouts are rebuilt per chunk by the
 model's own `attention_mask` over global positions, so every backend computes what one process computes. The
-all-gather is torch.distributed.nn.functional's: its backward sums the K/V gradients of every rank's queries into
-the rank that holds those keys (a reduce-scatter on NCCL, all-to-all + sum on gloo).
+all-gather is torch.distributed's differentiable functional collective: its backward reduce-scatters, summing the
+K/V gradients of every rank's queries into the rank that holds those keys. (torch.distributed.nn.functional's
+all_gather, deprecated in torch 2.13, does not do: on gloo its backward scatters with global ranks and fails in any
+group smaller than the world, such as the context groups of a data x context mesh.)
 
 Not exact: attention dropout draws its masks per call from each rank's RNG, so they cannot equal a one-process
 run's (the model is still trained with dropout at the configured rate).
 """
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
+import torch.distributed._functional_collectives as funcol
 from torch import Tensor
 
 from flashgpt.model.attention import AttentionMask, InnerAttention
 from flashgpt.model.gpt import GPT
 
-# torch 2.13 deprecates it for a private module (torch.distributed._functional_collectives) whose names still
-# change between releases; this public one is in every torch the project supports. Eager only: under
-# torch.compile it is not traced.
-warnings.filterwarnings("ignore", "torch.distributed.nn.functional.all_gather is deprecated", FutureWarning)
+# Renamed in torch 2.13 (the old name warns there); the old one is in every torch the project supports (>= 2.4).
+_all_gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
 
 @dataclass(frozen=True)
@@ -71,9 +70,9 @@ class ContextShard:
     def gather(self, x: Tensor, dim: int) -> Tensor:
         """Every rank's shard of x along dim, put back in global order: (..., T, ...). Differentiable: the
         gradient of each shard is summed over the ranks that used it."""
-        shards = dist_fn.all_gather(x, group=self.group)  # rank order, each [chunk r, chunk 2N - 1 - r]
-        early, late = zip(*(shard.chunk(2, dim=dim) for shard in shards), strict=True)
-        return torch.cat([*early, *reversed(late)], dim=dim)
+        group = self.group or dist.group.WORLD
+        pieces = _all_gather(x.contiguous(), dim, group).chunk(2 * self.size, dim=dim)  # rank r: chunks r, 2N-1-r
+        return torch.cat([*pieces[0::2], *reversed(pieces[1::2])], dim=dim)
 
 
 @dataclass(frozen=True, eq=False)

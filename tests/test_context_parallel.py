@@ -84,6 +84,23 @@ def test_train_py_context_parallel_matches_one_process(tmp_path: Path) -> None:
     assert result["tokens_per_step"] == single_result["tokens_per_step"]  # each token counted once
 
 
+def test_train_py_data_times_context_matches_one_process(tmp_path: Path) -> None:
+    """Four processes on a 2 x 2 mesh: two data ranks of 2 sequences, each split over two context ranks, train as
+    one process on the 4 sequences."""
+    steps = ["train.max_steps=2", "eval.every=2", "checkpoint.every=0", "data.document_mask=true"]
+    mesh, single = tmp_path / "mesh", tmp_path / "single"
+    assert_ok(train(mesh, *steps, "train.batch_size=2", "parallel.context=2", nproc=4))
+    assert_ok(train(single, *steps, env=ONE_THREAD))
+    for key in ("train/loss", "train/grad_norm"):
+        torch.testing.assert_close(
+            torch.tensor([m[key] for m in read_metrics(mesh)]),
+            torch.tensor([m[key] for m in read_metrics(single)]),
+            **LOSS_TOL,
+        )
+    torch.testing.assert_close(read_result(mesh)["val/loss"], read_result(single)["val/loss"], **LOSS_TOL)
+    assert read_result(mesh)["tokens_per_step"] == read_result(single)["tokens_per_step"] == 4 * 64
+
+
 def test_layout_must_divide_the_processes() -> None:
     ctx = DistContext(rank=0, local_rank=0, world_size=3, device=torch.device("cpu"))
     with pytest.raises(ValueError, match=r"parallel.context=2 does not divide the 3 processes"):

@@ -268,7 +268,7 @@ def _check_parallel(cfg: Config) -> None:
             f"{cfg.seq_len} does not split so"
         )
     if cfg.compile:
-        raise ValueError("compile=true with parallel.context > 1 is not supported yet: its all-gather runs eagerly")
+        raise ValueError("compile=true with parallel.context > 1 is not supported yet (neither traced nor tested)")
 
 
 def grad_accum_steps(train: TrainConfig, seq_len: int, data_ranks: int) -> int:
