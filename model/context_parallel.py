@@ -67,12 +67,13 @@ class ContextShard:
         """This rank's tokens of a full sequence x (..., T, ...) along dim: (..., 2T / 2N, ...)."""
         return torch.cat([x.narrow(dim, start, end - start) for start, end in self.chunks(x.size(dim))], dim=dim)
 
-    def gather(self, x: Tensor, dim: int) -> Tensor:
-        """Every rank's shard of x along dim, put back in global order: (..., T, ...). Differentiable: the
-        gradient of each shard is summed over the ranks that used it."""
+    def gather(self, x: Tensor) -> Tensor:
+        """Every rank's shard of x (T / N, ...), sequence first, put back in global order: (T, ...).
+        Differentiable: the gradient of each shard is summed over the ranks that used it. Sequence first, the
+        collective gathers along dim 0 with no rearranging copy of its own."""
         group = self.group or dist.group.WORLD
-        pieces = _all_gather(x.contiguous(), dim, group).chunk(2 * self.size, dim=dim)  # rank r: chunks r, 2N-1-r
-        return torch.cat([*pieces[0::2], *reversed(pieces[1::2])], dim=dim)
+        pieces = _all_gather(x.contiguous(), 0, group).chunk(2 * self.size)  # rank r's: chunks r, 2N - 1 - r
+        return torch.cat([*pieces[0::2], *reversed(pieces[1::2])])
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,7 +107,7 @@ class ContextParallelAttention(InnerAttention):
         if seq_len_q % 2:
             raise ValueError(f"a context-parallel shard holds two equal chunks; got {seq_len_q} tokens")
         seq_len = seq_len_q * self.shard.size
-        ids = None if mask.document_ids is None else self.shard.gather(mask.document_ids, dim=1)  # (B, T)
+        ids = None if mask.document_ids is None else self.shard.gather(mask.document_ids.t()).t()  # (B, T)
         chunks = []
         for start, end in self.shard.chunks(seq_len):
             chunk = self.attention_mask(end - start, end, None if ids is None else ids[:, :end].contiguous())
@@ -122,7 +123,8 @@ class ContextParallelAttention(InnerAttention):
     ) -> Tensor:
         if not isinstance(mask, ShardedMask):
             raise TypeError("ContextParallelAttention needs the mask its prepare() built (GPT.forward does this)")
-        kv = self.shard.gather(torch.stack([k, v]), dim=3)  # (2, B, H, T, D): one collective for both
+        kv = torch.stack([k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)], dim=1)  # (T / N, 2, B, H, D), one copy
+        kv = self.shard.gather(kv).permute(1, 2, 3, 0, 4)  # (2, B, H, T, D) view: one collective for both
         seq_len = kv.size(3)
         outputs = [
             self.inner(q_chunk, kv[0, :, :, :end], kv[1, :, :, :end], mask=chunk, dropout_p=dropout_p, scale=scale)
