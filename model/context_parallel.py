@@ -2,7 +2,7 @@
 
 The sequence of T tokens is cut into 2N chunks of T / 2N; rank r of N holds chunks r and 2N − 1 − r, in that
 order (load-balanced causal attention: every rank gets one early and one late chunk, so the same share of the
-causal triangle). Everything outside attention is per token and runs on the local 2T / 2N tokens as it is.
+causal triangle). Everything outside attention is per token and runs on the local T / N tokens as it is.
 
 Attention follows Llama 3: every layer all-gathers K and V (one collective for both), and each local chunk's
 queries attend to the global keys up to the chunk's end through the unchanged inner attention, Tq < Tk with the
@@ -60,18 +60,18 @@ class ContextShard:
         return (self.rank * n, (self.rank + 1) * n), (late * n, (late + 1) * n)
 
     def positions(self, seq_len: int, device: torch.device) -> Tensor:
-        """Global positions of the local tokens: (2·seq_len / 2N,) int64."""
+        """Global positions of the local tokens: (seq_len / N,) int64."""
         return torch.cat([torch.arange(start, end, device=device) for start, end in self.chunks(seq_len)])
 
     def shard(self, x: Tensor, dim: int = 1) -> Tensor:
-        """This rank's tokens of a full sequence x (..., T, ...) along dim: (..., 2T / 2N, ...)."""
+        """This rank's tokens of a full sequence x (..., T, ...) along dim: (..., T / N, ...)."""
         return torch.cat([x.narrow(dim, start, end - start) for start, end in self.chunks(x.size(dim))], dim=dim)
 
     def gather(self, x: Tensor) -> Tensor:
         """Every rank's shard of x (T / N, ...), sequence first, put back in global order: (T, ...).
         Differentiable: the gradient of each shard is summed over the ranks that used it. Sequence first, the
         collective gathers along dim 0 with no rearranging copy of its own."""
-        group = self.group or dist.group.WORLD
+        group = self.group if self.group is not None else dist.group.WORLD
         pieces = _all_gather(x.contiguous(), 0, group).chunk(2 * self.size)  # rank r's: chunks r, 2N - 1 - r
         return torch.cat([*pieces[0::2], *reversed(pieces[1::2])])
 
@@ -84,7 +84,7 @@ class ShardedMask(AttentionMask):
 
 
 class ContextParallelAttention(InnerAttention):
-    """Wraps a layer's inner attention: q, k, v are the local tokens (B, H, 2T / 2N, D); see the module docstring."""
+    """Wraps a layer's inner attention: q, k, v are the local tokens (B, H, T / N, D); see the module docstring."""
 
     def __init__(self, inner: InnerAttention, shard: ContextShard, model: GPT) -> None:
         super().__init__()
@@ -130,7 +130,7 @@ class ContextParallelAttention(InnerAttention):
             self.inner(q_chunk, kv[0, :, :, :end], kv[1, :, :, :end], mask=chunk, dropout_p=dropout_p, scale=scale)
             for q_chunk, (_, end), chunk in zip(q.chunk(2, dim=2), self.shard.chunks(seq_len), mask.chunks, strict=True)
         ]  # 2 x (B, H, T / 2N, D)
-        return torch.cat(outputs, dim=2)  # (B, H, 2T / 2N, D)
+        return torch.cat(outputs, dim=2)  # (B, H, T / N, D)
 
 
 def apply_context_parallel(model: GPT, shard: ContextShard) -> GPT:
