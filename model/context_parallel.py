@@ -72,7 +72,11 @@ class ContextShard:
         Differentiable: the gradient of each shard is summed over the ranks that used it. Sequence first, the
         collective gathers along dim 0 with no rearranging copy of its own."""
         group = self.group if self.group is not None else dist.group.WORLD
-        pieces = _all_gather(x.contiguous(), 0, group).chunk(2 * self.size)  # rank r's: chunks r, 2N - 1 - r
+        return self.unshard(_all_gather(x.contiguous(), 0, group))
+
+    def unshard(self, shards: Tensor) -> Tensor:
+        """Every rank's shard (T / N, ...), sequence first, concatenated in rank order -> global order (T, ...)."""
+        pieces = shards.chunk(2 * self.size)  # rank r's: chunks r, 2N - 1 - r
         return torch.cat([*pieces[0::2], *reversed(pieces[1::2])])
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from context_parallel_worker import CASES, build
+from flashgpt.model.context_parallel import ContextShard
 from flashgpt.training.distributed import DistContext, parallel_layout
 from flashgpt.training.resume import ResumeConfigError, check_resume_config
 from training_runs import REPO, assert_ok, read_metrics, read_result, train
@@ -99,6 +100,19 @@ def test_train_py_data_times_context_matches_one_process(tmp_path: Path) -> None
         )
     torch.testing.assert_close(read_result(mesh)["val/loss"], read_result(single)["val/loss"], **LOSS_TOL)
     assert read_result(mesh)["tokens_per_step"] == read_result(single)["tokens_per_step"] == 4 * 64
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_shards_balance_causal_work_and_put_back_in_order(size: int) -> None:
+    """Rank r holds chunks r and 2N - 1 - r: the same number of causal (query, key) pairs on every rank, positions
+    that are the tokens', and the rank-ordered concatenation of all shards (an all-gather) unshards to the whole."""
+    seq_len = 8 * size
+    tokens = torch.arange(seq_len)
+    shards = [ContextShard(rank, size).shard(tokens, dim=0) for rank in range(size)]
+    for rank, shard in enumerate(shards):
+        torch.testing.assert_close(shard, ContextShard(rank, size).positions(seq_len, tokens.device))
+    assert len({int((shard + 1).sum()) for shard in shards}) == 1  # query p sees p + 1 keys
+    torch.testing.assert_close(ContextShard(0, size).unshard(torch.cat(shards)), tokens)
 
 
 def test_layout_must_divide_the_processes() -> None:
