@@ -24,7 +24,7 @@ CASES: dict[str, tuple[str, dict]] = {
     **{f"{name}-documents": (name, {"documents": True}) for name in ("naive", "sdpa", "flash")},
     **{f"{name}-block-sparse": (name, {"block_sparse": True}) for name in ("naive", "sdpa", "flash")},
     "sdpa-activation-checkpointing": ("sdpa", {"activation_checkpointing": True}),  # the all-gather runs again
-    "flash-dropout": ("flash", {"dropout": 0.1}),
+    **{f"{name}-dropout": (name, {"dropout": 0.1}) for name in ("naive", "sdpa", "flash")},
 }
 
 
