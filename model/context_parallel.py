@@ -27,7 +27,7 @@ from torch import Tensor
 from flashgpt.model.attention import AttentionMask, InnerAttention
 from flashgpt.model.gpt import GPT
 
-# Renamed in torch 2.13 (the old name warns there); the old one is in every torch the project supports (>= 2.4).
+# torch 2.13 renamed it (the old name warns there); earlier releases have only the old name.
 _all_gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
 
