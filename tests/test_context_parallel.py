@@ -63,44 +63,46 @@ def test_dropout_trains_finite(backend: str, cp_results: dict) -> None:
     assert torch.isfinite(result["loss"]) and all(grad.isfinite().all() for grad in result["grads"].values())
 
 
-def test_train_py_context_parallel_matches_one_process(tmp_path: Path) -> None:
-    """train.py with parallel.context=2 on two processes, stopped after step 2 and resumed: the same losses,
-    gradient norms and validation loss as one process with the same batch, under rope, a window and documents."""
-    masks = ["model.position_embedding=rope", "attention.window_size=24", "data.document_mask=true"]
-    steps = ["train.max_steps=3", "eval.every=3", "checkpoint.every=3", *masks]
-    cp, single = tmp_path / "cp", tmp_path / "single"
-    assert_ok(train(cp, *steps, "parallel.context=2", "train.stop_at_step=2", nproc=2))
-    proc = train(cp, *steps, "parallel.context=2", "resume=auto", nproc=2)
+# Both train.py tests: 3 steps of 4 sequences of 64 tokens under rope, a window and document masks.
+RUN = [
+    "train.max_steps=3", "eval.every=3", "checkpoint.every=3", "model.position_embedding=rope",
+    "attention.window_size=24", "data.document_mask=true",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("one_process")
+    assert_ok(train(run_dir, *RUN, env=ONE_THREAD))
+    return run_dir
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    """The same losses, gradient norms and validation loss, and as many tokens a step (each counted once)."""
+    metrics, reference_metrics = read_metrics(run_dir), read_metrics(reference)
+    assert [m["step"] for m in metrics] == [m["step"] for m in reference_metrics] == [1, 2, 3]
+    for key in ("train/loss", "train/grad_norm"):
+        got, expected = torch.tensor([m[key] for m in metrics]), torch.tensor([m[key] for m in reference_metrics])
+        torch.testing.assert_close(got, expected, **LOSS_TOL, msg=key)
+    result, reference_result = read_result(run_dir), read_result(reference)
+    torch.testing.assert_close(result["val/loss"], reference_result["val/loss"], **LOSS_TOL)
+    assert result["tokens_per_step"] == reference_result["tokens_per_step"] == 4 * 64
+
+
+def test_train_py_context_parallel_stopped_and_resumed_matches_one_process(tmp_path: Path, one_process: Path) -> None:
+    """parallel.context=2 on two processes, stopped after step 2 and resumed."""
+    assert_ok(train(tmp_path, *RUN, "parallel.context=2", "train.stop_at_step=2", nproc=2))
+    proc = train(tmp_path, *RUN, "parallel.context=2", "resume=auto", nproc=2)
     assert_ok(proc)
     assert "at step 2" in proc.stdout
-    assert_ok(train(single, *steps, env=ONE_THREAD))
-    cp_metrics, single_metrics = read_metrics(cp), read_metrics(single)
-    assert [m["step"] for m in cp_metrics] == [1, 2, 3]
-    for key in ("train/loss", "train/grad_norm"):
-        torch.testing.assert_close(
-            torch.tensor([m[key] for m in cp_metrics]), torch.tensor([m[key] for m in single_metrics]), **LOSS_TOL
-        )
-    result, single_result = read_result(cp), read_result(single)
-    torch.testing.assert_close(result["val/loss"], single_result["val/loss"], **LOSS_TOL)
-    assert result["world_size"] == 2 and result["parallel_context"] == 2
-    assert result["tokens_per_step"] == single_result["tokens_per_step"]  # each token counted once
+    assert_same_run(tmp_path, one_process)
+    assert read_result(tmp_path)["world_size"] == 2 and read_result(tmp_path)["parallel_context"] == 2
 
 
-def test_train_py_data_times_context_matches_one_process(tmp_path: Path) -> None:
-    """Four processes on a 2 x 2 mesh: two data ranks of 2 sequences, each split over two context ranks, train as
-    one process on the 4 sequences."""
-    steps = ["train.max_steps=2", "eval.every=2", "checkpoint.every=0", "data.document_mask=true"]
-    mesh, single = tmp_path / "mesh", tmp_path / "single"
-    assert_ok(train(mesh, *steps, "train.batch_size=2", "parallel.context=2", nproc=4))
-    assert_ok(train(single, *steps, env=ONE_THREAD))
-    for key in ("train/loss", "train/grad_norm"):
-        torch.testing.assert_close(
-            torch.tensor([m[key] for m in read_metrics(mesh)]),
-            torch.tensor([m[key] for m in read_metrics(single)]),
-            **LOSS_TOL,
-        )
-    torch.testing.assert_close(read_result(mesh)["val/loss"], read_result(single)["val/loss"], **LOSS_TOL)
-    assert read_result(mesh)["tokens_per_step"] == read_result(single)["tokens_per_step"] == 4 * 64
+def test_train_py_data_times_context_matches_one_process(tmp_path: Path, one_process: Path) -> None:
+    """Four processes on a 2 x 2 mesh: two data ranks of 2 sequences, each split over two context ranks."""
+    assert_ok(train(tmp_path, *RUN, "train.batch_size=2", "parallel.context=2", nproc=4))
+    assert_same_run(tmp_path, one_process)
 
 
 @pytest.mark.parametrize("size", [1, 2, 4])
