@@ -222,15 +222,22 @@ class GPT(nn.Module):
         reduction: str = "mean",
         document_ids: Tensor | None = None,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """idx: (B, T) token ids -> logits (B, T, V); with targets (B, T), the cross-entropy instead:
         reduction="mean" a scalar (training), "none" one loss per token (B, T) (evaluation by position).
         The loss is computed chunk by chunk from the hidden states (model/loss.py): the (B·T, V) logits of a
         training step are never materialised.
         document_ids (B, T), or (B, past + T) with a cache: a token attends only within its document.
-        cache: idx continues the tokens it holds (their positions follow on); their keys and values are appended."""
+        cache: idx continues the tokens it holds (their positions follow on); their keys and values are appended.
+        positions: (T,) int64, the global positions of idx's tokens when idx is a shard of longer sequences (context
+        parallelism, model/context_parallel.py); default past..past + T - 1."""
         n_tokens = idx.size(1)
         past = 0 if cache is None else cache.length
+        if positions is not None and cache is not None:
+            raise ValueError("positions and a KV cache both place the tokens: pass one of them")
+        if positions is None:
+            positions = torch.arange(past, past + n_tokens, device=idx.device)
         if past + n_tokens > self.block_size:
             raise ValueError(
                 f"context of {past + n_tokens} tokens is longer than the model's {self.block_size} (its seq_len)"
@@ -240,9 +247,9 @@ class GPT(nn.Module):
         x = self.wte(idx)  # (B, T, C)
         rotary = None
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(past, past + n_tokens, device=idx.device))  # + (T, C)
-        else:  # the tokens' absolute positions: past..past + T - 1
-            rotary = (self.rope_cos[past : past + n_tokens], self.rope_sin[past : past + n_tokens])  # 2 x (T, D/2)
+            x = x + self.wpe(positions)  # + (T, C)
+        else:  # rotated by the tokens' absolute positions
+            rotary = (self.rope_cos[positions], self.rope_sin[positions])  # 2 x (T, D/2)
         x = self.drop(x)
         for layer, block in enumerate(self.blocks):
             if self.cfg.activation_checkpointing and self.training:

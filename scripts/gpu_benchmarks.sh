@@ -11,11 +11,26 @@
 #   bash scripts/gpu_benchmarks.sh masks     # masked kernel vs compiled FlexAttention at T = 4K, 16K
 #   bash scripts/gpu_benchmarks.sh train     # train.py's step (naive/flash/sdpa) vs a compiled nanoGPT-style step
 #   bash scripts/gpu_benchmarks.sh masks64k  # GPT-2 124M at 64K: dense, sliding window, documents, block-sparse
+#   bash scripts/gpu_benchmarks.sh context       # 2 GPUs: context parallelism at 64K (flash, sdpa) vs one GPU, and
+#                                                # 20 steps at 16K on one GPU and CP=2 (their losses compared)
+#   bash scripts/gpu_benchmarks.sh context-long  # 2 GPUs: CP=2 at 128K and 256K, with and without activation
+#                                                # checkpointing
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-results/gpu-$(date +%F)}
 mkdir -p "$OUT"
-case "${1:?part: kernels | tune-backward | masks | train | masks64k}" in
+# One train.py run of the context parts: NAME COMMAND... (train.py and its launcher); result and metrics to $OUT.
+context_run() {
+  local name=$1
+  shift
+  "$@" experiment=long_context_masks wandb.mode=disabled hydra.run.dir="/tmp/context/$name" \
+    > "/tmp/context-$name.log" 2>&1 || tail -20 "/tmp/context-$name.log"
+  cp "/tmp/context/$name/result.json" "$OUT/context-$name.json"
+  cp "/tmp/context/$name/metrics.jsonl" "$OUT/context-$name.metrics.jsonl"
+}
+ONE_GPU=(python train.py)
+CP2=(torchrun --standalone --nproc_per_node=2 train.py parallel.context=2)
+case "${1:?part: kernels | tune-backward | masks | train | masks64k | context | context-long}" in
   kernels)
     python scripts/bench_attention.py --provider flash,flash_deterministic,sdpa_cudnn,sdpa_flash --head-dims 64 \
       --dropout 0,0.1 --out "$OUT/bench_attention_d64.json" 2>&1 | tee "$OUT/bench_attention_d64.log"
@@ -43,6 +58,20 @@ case "${1:?part: kernels | tune-backward | masks | train | masks64k}" in
       python train.py experiment=long_context_masks ${spec#*|} wandb.mode=disabled hydra.run.dir="/tmp/masks64k/$name" \
         > "/tmp/masks64k-$name.log" 2>&1 || tail -20 "/tmp/masks64k-$name.log"
       cp "/tmp/masks64k/$name/result.json" "$OUT/masks64k-$name.json"
+    done
+    ;;
+  context)
+    for backend in flash sdpa; do
+      context_run "$backend-1gpu-64k" "${ONE_GPU[@]}" attention=$backend
+      context_run "$backend-cp2-64k" "${CP2[@]}" attention=$backend
+    done
+    context_run loss-1gpu-16k "${ONE_GPU[@]}" seq_len=16384 train.max_steps=20
+    context_run loss-cp2-16k "${CP2[@]}" seq_len=16384 train.max_steps=20
+    ;;
+  context-long)
+    for seq_len in 131072 262144; do
+      context_run "flash-cp2-$seq_len" "${CP2[@]}" seq_len=$seq_len
+      context_run "flash-cp2-$seq_len-ac" "${CP2[@]}" seq_len=$seq_len model.activation_checkpointing=true
     done
     ;;
   *) echo "unknown part $1" >&2; exit 2 ;;

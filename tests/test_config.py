@@ -127,6 +127,22 @@ def test_wrongly_typed_value_fails_at_composition(override):
         (["train.warmup_steps=-1"], r"train.warmup_steps=-1 must be >= 0"),
         (["train.min_lr=1e-2"], r"train.min_lr=0.01 must be in \[0, train.lr=0.0006\]"),
         (["log.every=0"], r"log.every=0 must be positive"),
+        (["parallel.context=0"], r"parallel.context=0 must be >= 1"),
+        (
+            ["parallel.context=3", "seq_len=64"],
+            r"parallel.context=3 cuts each sequence into 6 equal chunks: seq_len=64",
+        ),
+        (
+            [
+                "parallel.context=2",
+                "seq_len=256",
+                "attention.block_sparse.pattern=strided",
+                "attention.block_sparse.stride=2",
+            ],
+            r"4 equal chunks of whole blocks \(attention.block_size=128\): seq_len=256",
+        ),
+        (["parallel.context=2", "compile=true"], r"compile=true with parallel.context > 1 is not supported yet"),
+        (["parallel.context=2", "seq_len=131073"], r"seq_len=131073 is out of range: it must be in \[1, 131072\]"),
     ],
 )
 def test_validate_rejects_bad_values_with_a_clear_message(overrides, message):
@@ -141,7 +157,7 @@ def test_span_len_defaults_to_seq_len_and_may_be_a_multiple():
 
 def test_tokens_per_step_derives_grad_accum():
     cfg = load("seq_len=1024", "train.batch_size=8", "train.tokens_per_step=524288")
-    assert grad_accum_steps(cfg.train, cfg.seq_len, world_size=8) == 8
-    assert grad_accum_steps(load("train.grad_accum=3").train, 1024, world_size=1) == 3
+    assert grad_accum_steps(cfg.train, cfg.seq_len, data_ranks=8) == 8
+    assert grad_accum_steps(load("train.grad_accum=3").train, 1024, data_ranks=1) == 3
     with pytest.raises(ValueError, match=r"train.tokens_per_step=1000 is not divisible by .* = 8192"):
-        grad_accum_steps(load("train.tokens_per_step=1000").train, 1024, world_size=1)
+        grad_accum_steps(load("train.tokens_per_step=1000").train, 1024, data_ranks=1)

@@ -21,7 +21,7 @@ from flashgpt.training.resolvers import register_resolvers
 log = logging.getLogger(__name__)
 
 # A guard against typos such as seq_len=655360: at 64K tokens GPT-2's learned position table alone is 50M
-# parameters, and the attention benchmarks stop at 16K.
+# parameters, and the attention benchmarks stop at 16K. Per rank: parallel.context=N allows N times as many.
 MAX_SEQ_LEN = 65536
 
 
@@ -93,6 +93,14 @@ class WandbConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How the processes of a torchrun job share the work: world_size = data x context."""
+
+    # Ranks that split each sequence (context parallelism, model/context_parallel.py); the rest is data parallel.
+    context: int = 1
+
+
+@dataclass
 class Config:
     model: ModelConfig = MISSING
     attention: AttentionConfig = MISSING
@@ -102,6 +110,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     seq_len: int = 1024  # training context; also the model's block size (position embeddings)
     device: Device = Device.auto
     seed: int = 0
@@ -128,8 +137,9 @@ def typed_config(cfg: DictConfig) -> Config:
 
 def validate(cfg: Config) -> None:
     """Checks across fields, run before any data is loaded or model built; raises ValueError."""
-    if not 0 < cfg.seq_len <= MAX_SEQ_LEN:
-        raise ValueError(f"seq_len={cfg.seq_len} is out of range: it must be in [1, {MAX_SEQ_LEN}]")
+    longest = MAX_SEQ_LEN * max(cfg.parallel.context, 1)
+    if not 0 < cfg.seq_len <= longest:
+        raise ValueError(f"seq_len={cfg.seq_len} is out of range: it must be in [1, {longest}]")
     if cfg.attention.name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention.name={cfg.attention.name!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
     check_attention_config(cfg.attention)
@@ -144,6 +154,7 @@ def validate(cfg: Config) -> None:
     if cfg.model.d_model % cfg.model.n_head:
         raise ValueError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_head={cfg.model.n_head}")
     _check_positions(cfg)
+    _check_parallel(cfg)
     floats = {
         "train.lr": cfg.train.lr,
         "train.min_lr": cfg.train.min_lr,
@@ -242,14 +253,33 @@ def _check_positions(cfg: Config) -> None:
         )
 
 
-def grad_accum_steps(train: TrainConfig, seq_len: int, world_size: int) -> int:
-    """Micro-steps per optimizer step: train.grad_accum, or derived from train.tokens_per_step when that is set."""
+def _check_parallel(cfg: Config) -> None:
+    """What parallel.context needs of the run; the world size is checked when the processes start."""
+    context = cfg.parallel.context
+    if context < 1:
+        raise ValueError(f"parallel.context={context} must be >= 1 (1: no context parallelism)")
+    if context == 1:
+        return
+    chunk, block_sparse = cfg.seq_len // (2 * context), cfg.attention.block_sparse.pattern is not None
+    if cfg.seq_len % (2 * context) or (block_sparse and chunk % cfg.attention.block_size):
+        blocks = f" of whole blocks (attention.block_size={cfg.attention.block_size})" if block_sparse else ""
+        raise ValueError(
+            f"parallel.context={context} cuts each sequence into {2 * context} equal chunks{blocks}: seq_len="
+            f"{cfg.seq_len} does not split so"
+        )
+    if cfg.compile:
+        raise ValueError("compile=true with parallel.context > 1 is not supported yet (neither traced nor tested)")
+
+
+def grad_accum_steps(train: TrainConfig, seq_len: int, data_ranks: int) -> int:
+    """Micro-steps per optimizer step: train.grad_accum, or derived from train.tokens_per_step when that is set.
+    data_ranks: the ranks that read distinct batches (world_size / parallel.context)."""
     if train.tokens_per_step is None:
         return train.grad_accum
-    tokens_per_micro_step = train.batch_size * seq_len * world_size
+    tokens_per_micro_step = train.batch_size * seq_len * data_ranks
     if train.tokens_per_step % tokens_per_micro_step:
         raise ValueError(
-            f"train.tokens_per_step={train.tokens_per_step} is not divisible by batch_size·seq_len·world_size = "
-            f"{train.batch_size}·{seq_len}·{world_size} = {tokens_per_micro_step}"
+            f"train.tokens_per_step={train.tokens_per_step} is not divisible by batch_size·seq_len·data ranks = "
+            f"{train.batch_size}·{seq_len}·{data_ranks} = {tokens_per_micro_step}"
         )
     return train.tokens_per_step // tokens_per_micro_step

@@ -10,6 +10,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from flashgpt.model.context_parallel import ContextShard
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,33 @@ def init_distributed(requested_device: str) -> DistContext:
     if rank != 0:
         logging.getLogger().setLevel(logging.ERROR)  # one copy of every message, from rank 0
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """This rank's place on the (data, context) grid of the job: data ranks read distinct batches; the context
+    ranks of one data rank split its sequences (context None: they are not split)."""
+
+    data_rank: int
+    data_size: int
+    context: ContextShard | None
+
+
+def parallel_layout(ctx: DistContext, context: int) -> ParallelLayout:
+    """The 2-D DeviceMesh (data x context) of parallel.context=`context`; a context group holds consecutive ranks
+    (one host's GPUs, where the per-layer all-gathers are fastest)."""
+    if ctx.world_size % context:
+        raise ValueError(
+            f"parallel.context={context} does not divide the {ctx.world_size} processes: the job runs data x "
+            f"context ranks; start a multiple of {context} processes or change parallel.context"
+        )
+    if context == 1:
+        return ParallelLayout(ctx.rank, ctx.world_size, None)
+    mesh = init_device_mesh(
+        ctx.device.type, (ctx.world_size // context, context), mesh_dim_names=("data", "context")
+    )  # fmt: skip
+    shard = ContextShard(mesh.get_local_rank("context"), context, mesh.get_group("context"))
+    return ParallelLayout(mesh.get_local_rank("data"), mesh.size(0), shard)
 
 
 def shutdown(ctx: DistContext) -> None:

@@ -16,8 +16,9 @@ from torch import nn
 
 from flashgpt.data.documents import document_ids
 from flashgpt.data.eval_spans import held_out_spans
+from flashgpt.model.context_parallel import shard_batch
 from flashgpt.training.config import EvalConfig
-from flashgpt.training.distributed import DistContext, all_reduce_sum
+from flashgpt.training.distributed import DistContext, ParallelLayout, all_reduce_sum
 from flashgpt.training.precision import autocast
 
 FIRST_BUCKET_END = 128
@@ -40,9 +41,12 @@ class Evaluator:
         cfg: EvalConfig,
         ctx: DistContext,
         document_mask: bool = False,
+        layout: ParallelLayout | None = None,
     ) -> None:
         """Cut this rank's share of the fixed held-out windows (see the module docstring); document_mask: score
-        with attention kept within documents, as in training with data.document_mask=true."""
+        with attention kept within documents, as in training with data.document_mask=true; layout: the job's data x
+        context ranks (None: every rank a data rank), the context ranks of a data rank scoring its windows together."""
+        self.layout = layout or ParallelLayout(ctx.rank, ctx.world_size, None)
         span_len = cfg.span_len or seq_len
         windows_per_span = span_len // seq_len
         n_windows = cfg.steps * cfg.batch_size
@@ -50,7 +54,8 @@ class Evaluator:
         windows = np.stack(
             [span[i * seq_len : (i + 1) * seq_len + 1] for span in spans for i in range(windows_per_span)]
         )[:n_windows]  # (n_windows, seq_len + 1): inputs and their next-token targets
-        self.windows = torch.from_numpy(windows.astype(np.int64))[ctx.rank :: ctx.world_size]  # this rank's share
+        windows = torch.from_numpy(windows.astype(np.int64))
+        self.windows = windows[self.layout.data_rank :: self.layout.data_size]  # this data rank's share
         self.seq_len = seq_len
         self.batch_size = cfg.batch_size
         self.ctx = ctx
@@ -63,14 +68,20 @@ class Evaluator:
         model.eval()
         device = self.ctx.device
         loss_sum = torch.zeros(self.seq_len, dtype=torch.float64, device=device)  # per position in the window
-        n_windows = torch.tensor(float(len(self.windows)), dtype=torch.float64, device=device)
+        # The context ranks of a data rank share its windows: one of them counts them.
+        counted = self.layout.context is None or self.layout.context.rank == 0
+        n_windows = torch.tensor(float(len(self.windows) * counted), dtype=torch.float64, device=device)
         for batch in self.windows.split(self.batch_size):
             batch = batch.to(device)
             x, y = batch[:, :-1], batch[:, 1:]  # (b, T) each
             with autocast(device):
                 ids = document_ids(x) if self.document_mask else None
-                loss = model(x, y, reduction="none", document_ids=ids)  # (b, T) fp32, no (b, T, V) logits
-            loss_sum += loss.sum(dim=0, dtype=torch.float64)
+                x, y, ids, positions = shard_batch(self.layout.context, x, y, ids)  # this rank's tokens
+                loss = model(x, y, reduction="none", document_ids=ids, positions=positions)  # (b, t) fp32
+            if positions is None:
+                loss_sum += loss.sum(dim=0, dtype=torch.float64)
+            else:  # each position is scored on one context rank
+                loss_sum.index_add_(0, positions, loss.sum(dim=0, dtype=torch.float64))
         model.train(was_training)
         totals = all_reduce_sum(torch.cat([loss_sum, n_windows.view(1)]), self.ctx)
         loss_by_position = (totals[:-1] / totals[-1]).tolist()

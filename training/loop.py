@@ -20,6 +20,7 @@ from flashgpt.data import load_splits
 from flashgpt.data.batches import get_batch
 from flashgpt.data.sampler import WindowSampler
 from flashgpt.model.attention import check_head_dim, describe_masks, prepare_backend
+from flashgpt.model.context_parallel import apply_context_parallel
 from flashgpt.model.hf import load_into
 from flashgpt.training.checkpoint import (
     LATEST,
@@ -38,6 +39,7 @@ from flashgpt.training.distributed import (
     all_gather_objects,
     broadcast_object,
     init_distributed,
+    parallel_layout,
 )
 from flashgpt.training.distributed import shutdown as shutdown_distributed
 from flashgpt.training.evaluation import Evaluator
@@ -83,8 +85,10 @@ class Trainer:
         saved = load_training_state(resume_from) if resume_from else None
         if saved:
             check_resume_config(saved["config"], resolved_cfg, resume_from)
-        self.grad_accum = grad_accum_steps(cfg.train, cfg.seq_len, ctx.world_size)
-        self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * ctx.world_size
+        self.layout = layout = parallel_layout(ctx, cfg.parallel.context)
+        # Context ranks split the data rank's sequences: only data ranks add tokens.
+        self.grad_accum = grad_accum_steps(cfg.train, cfg.seq_len, layout.data_size)
+        self.tokens_per_step = cfg.train.batch_size * cfg.seq_len * self.grad_accum * layout.data_size
         if prepare_backend(cfg.attention.name, device):
             log.warning("attention=flash without CUDA runs through the Triton interpreter: slow but exact")
         check_head_dim(cfg.attention.name, cfg.model.d_model // cfg.model.n_head)
@@ -92,18 +96,24 @@ class Trainer:
 
         splits = load_splits(cfg.data, prepare_if_missing=True)
         self.train_tokens = splits.train
+        # Each context rank reads its data rank's whole batch and keeps its share (TrainStep): document ids count
+        # from a sequence's start, and a batch of token ids is a few MB against the activations' GBs.
         self.sampler = WindowSampler(
             len(splits.train),
             cfg.seq_len,
             cfg.train.batch_size,
             cfg.seed,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
+            rank=layout.data_rank,
+            world_size=layout.data_size,
         )
         document_mask = cfg.data.document_mask
-        self.evaluator = Evaluator(splits.val, splits.val_docs, cfg.seq_len, cfg.eval, ctx, document_mask=document_mask)
+        self.evaluator = Evaluator(
+            splits.val, splits.val_docs, cfg.seq_len, cfg.eval, ctx, document_mask=document_mask, layout=layout
+        )
 
         self.raw_model, self.optimizer, self.scheduler = build_model_and_optimizer(cfg, device)
+        if layout.context is not None:
+            apply_context_parallel(self.raw_model, layout.context)
         self.flops_per_token = self.raw_model.flops_per_token(cfg.seq_len)
         self.peak_flops = peak_flops_per_sec(device_name(device))
         if self.peak_flops is None:
@@ -133,6 +143,7 @@ class Trainer:
             grad_clip=cfg.train.grad_clip,
             ctx=ctx,
             document_mask=document_mask,
+            context=layout.context,
         )
         # Steps queued on the device whose numbers the host has not read yet: (step, lr, numbers).
         self.in_flight: list[tuple[int, float, StepNumbers]] = []
@@ -147,7 +158,8 @@ class Trainer:
         log.info(
             f"model {cfg.model.name}: {self.raw_model.num_params() / 1e6:.2f}M parameters, attention="
             f"{cfg.attention.name}, seq_len={cfg.seq_len}, {self.tokens_per_step} tokens/step "
-            f"(batch {cfg.train.batch_size} x grad_accum {self.grad_accum} x {ctx.world_size} ranks), "
+            f"(batch {cfg.train.batch_size} x grad_accum {self.grad_accum} x {layout.data_size} data ranks; "
+            f"parallel.context={cfg.parallel.context}), "
             f"device {device_name(device)}"
         )
         documents = ", documents (data.document_mask)" if document_mask else ""
@@ -308,6 +320,7 @@ class Trainer:
             "tokens_per_step": self.tokens_per_step,
             "device": device_name(self.ctx.device),
             "world_size": self.ctx.world_size,
+            "parallel_context": self.cfg.parallel.context,
             "compile": self.cfg.compile,
             "attention_masks": self.masks,
             "position_embedding": self.cfg.model.position_embedding.value,

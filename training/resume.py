@@ -34,6 +34,7 @@ _REFUSED = {
     "seq_len": "the position table and the data windows have that length",
     "data.": "the data position continues in that corpus",
     "seed": "the seed orders the data windows the run walks through",
+    "parallel.context": "each rank's saved data position and RNG streams belong to that data x context layout",
 }
 # Never compared: how this job was launched, and where a fresh run's first weights came from (a resumed run
 # takes them from its checkpoint).

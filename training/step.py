@@ -28,6 +28,7 @@ from torch.profiler import record_function
 
 from flashgpt.data.documents import document_ids
 from flashgpt.model.attention import AttentionMask
+from flashgpt.model.context_parallel import ContextShard, shard_batch
 from flashgpt.model.gpt import GPT
 from flashgpt.training.distributed import DistContext, all_reduce_sum
 from flashgpt.training.precision import autocast
@@ -96,16 +97,18 @@ class TrainStep:
         grad_clip: float,
         ctx: DistContext,
         document_mask: bool = False,
+        context: ContextShard | None = None,
     ) -> None:
         """model: the module to call (compiled and/or DDP-wrapped); grad_clip: max global norm, 0 for none;
-        document_mask: each batch's document ids, from its <|endoftext|> tokens, keep attention within documents."""
+        document_mask: each batch's document ids, from its <|endoftext|> tokens, keep attention within documents;
+        context: this rank's share of every sequence (the model's attention was made context parallel)."""
         if not optimizer.defaults.get("fused"):
             raise ValueError(
                 f"TrainStep needs a fused AdamW (on CUDA or CPU) to skip non-finite updates on the device; got "
                 f"{type(optimizer).__name__} with fused={optimizer.defaults.get('fused')}"
             )
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.grad_accum, self.ctx, self.document_mask = grad_accum, ctx, document_mask
+        self.grad_accum, self.ctx, self.document_mask, self.context = grad_accum, ctx, document_mask, context
         self.max_norm = grad_clip or math.inf  # an infinite bound measures the norm and scales by 1
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         # 1.0 once any step was non-finite; AdamW's fused kernel skips its update while it is set.
@@ -114,22 +117,25 @@ class TrainStep:
 
     def __call__(self, next_batch: Callable[[], Batch]) -> Tensor:
         """Queue one step over grad_accum batches from `next_batch`; returns [mean loss, gradient norm] (2,) fp32,
-        averaged over ranks, on the device."""
+        averaged over ranks (every rank holds as many tokens: the mean over every token), on the device."""
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         for micro_step in range(self.grad_accum):
-            x, y = next_batch()
-            ids = document_ids(x) if self.document_mask else None  # (B, T)
+            x, y = next_batch()  # whole sequences (B, T): every context rank reads the same batch
+            ids = document_ids(x) if self.document_mask else None  # (B, T): counted from the sequence's start
+            x, y, ids, positions = shard_batch(self.context, x, y, ids)  # this rank's tokens
             # DDP all-reduces gradients in backward; only the last micro-step's reduction is needed.
             last_micro_step = micro_step == self.grad_accum - 1
             no_sync = self.model.no_sync() if self.ctx.is_distributed and not last_micro_step else nullcontext()
             with no_sync:
                 # Named ranges in a profile=true trace (training/profiling.py); AdamW's step names its own.
                 with autocast(self.ctx.device), record_function("forward"):
-                    loss = self.model(x, y, document_ids=ids)  # scalar fp32, computed inside the (compiled) model
+                    loss = self.model(x, y, document_ids=ids, positions=positions)  # scalar fp32, in the model
                 with record_function("backward"):
                     (loss / self.grad_accum).backward()
             loss_sum += loss.detach()
-        # Returns the norm before clipping as a device tensor; nothing here reads it.
+        # Returns the norm before clipping as a device tensor; nothing here reads it. With context parallelism DDP
+        # averages over data x context ranks: each context rank's gradients hold its own tokens' mean loss (with
+        # K and V's from the other ranks' queries), so their average is that of the sequences' mean loss.
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         stats = all_reduce_sum(torch.stack([loss_sum / self.grad_accum, grad_norm]), self.ctx) / self.ctx.world_size
         # Every rank holds the same reduced numbers, so every rank skips the same updates.
