@@ -12,7 +12,9 @@ from flashgpt.kernels.tuning import (
     PASSES,
     SEQ_LEN_BUCKETS,
     LaunchConfig,
+    _tuned_file,
     _tuned_table,
+    backward_schedule,
     launch_config,
     seq_len_bucket,
     table_key,
@@ -20,6 +22,22 @@ from flashgpt.kernels.tuning import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import tune_attention
+
+
+def test_backward_schedule_follows_the_measured_table():
+    """On Hopper the tuner's choice for every tuned shape, split where it measured nothing (other GPUs, untuned
+    shapes); fused in the interpreter. fp16 shares bf16's measurements."""
+    choices = _tuned_file()["backward"]
+    assert choices and set(choices.values()) <= {"fused", "split"}
+    for key, choice in choices.items():
+        _, d, dtype, mask, drop, bucket = key.split("/")
+        args = (int(d[1:]), dtype, mask == "causal", drop == "drop", int(bucket[1:]))
+        assert backward_schedule(*args, interpreting=False, hopper=True) == choice, key
+        assert backward_schedule(*args, interpreting=False, hopper=False) == "split"
+        assert backward_schedule(*args, interpreting=True, hopper=False) == "fused"
+        if dtype == "bfloat16":
+            assert backward_schedule(args[0], "float16", *args[2:], interpreting=False, hopper=True) == choice
+    assert backward_schedule(64, "float32", True, False, 4096, interpreting=False, hopper=True) == "split"
 
 
 def test_seq_len_buckets():
