@@ -183,7 +183,7 @@ def test_presets_derive_the_batch_from_seq_len(preset: str) -> None:
             cfg = typed_config(compose("config", overrides=[f"experiment={preset}", f"seq_len={seq_len}"]))
             validate(cfg)
             assert cfg.train.batch_size * seq_len == cfg.eval.batch_size * seq_len == 32768
-            assert grad_accum_steps(cfg.train, seq_len, world_size=1) == 1
+            assert grad_accum_steps(cfg.train, seq_len, data_ranks=1) == 1
             assert cfg.wandb.group == preset
         with pytest.raises(InterpolationResolutionError, match="seq_len=3000; choose a seq_len that divides 32768"):
             typed_config(compose("config", overrides=[f"experiment={preset}", "seq_len=3000"]))

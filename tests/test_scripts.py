@@ -359,7 +359,7 @@ def test_presets_compose_at_every_swept_length(preset: str, eval_windows_tokens:
             config = typed_config(compose("config", overrides=overrides))
             validate(config)
             assert (config.model.name, config.data.name, config.seq_len) == ("gpt2", "long_prose", seq_len)
-            assert grad_accum_steps(config.train, seq_len, world_size=1) == 1
+            assert grad_accum_steps(config.train, seq_len, data_ranks=1) == 1
             assert config.eval.steps * config.eval.batch_size * seq_len == eval_windows_tokens
             assert config.eval.span_len == 16384 and config.checkpoint.every == 0
 
