@@ -27,6 +27,7 @@ from flashgpt.model.generation import generate
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.model.sparsity import BlockSparseConfig
 from flashgpt.training.checkpoint import CheckpointError, load_training_state
+from flashgpt.training.distributed import resolve_device
 from flashgpt.training.precision import autocast
 
 
@@ -78,9 +79,10 @@ def main(argv: list[str] | None = None) -> None:
                 f"{flag} {value} is out of range: need --max-new-tokens >= 0, --num-samples >= 1, a finite "
                 "--temperature >= 0 and --top-k >= 0"
             )
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except RuntimeError as error:  # cuda asked for, none there
+        sys.exit(str(error))
     try:
         model, config = load_model(args.checkpoint, args.attention, device)
     except CheckpointError as error:

@@ -71,6 +71,7 @@ from flashgpt.training.context_eval import (
     summarize_losses,
     token_losses,
 )
+from flashgpt.training.distributed import resolve_device
 
 SHIP_DIR = ROOT / ".cache" / "ship"
 STUDY_LOG = "study.log"  # stdout and stderr of every job of a run dir
@@ -322,7 +323,7 @@ def evaluate(run_dir: Path, spec: Spec, attention: str | None, device_name: str)
     config = typed_config(OmegaConf.create(state["config"]))
     if attention:
         config.attention.name = attention
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device_name == "auto" else device_name)
+    device = resolve_device(device_name)
     prepare_backend(config.attention.name, device)
     model = GPT(config.model, config.seq_len, config.attention).to(device)
     model.load_state_dict(state["model"])

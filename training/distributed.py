@@ -31,13 +31,14 @@ class DistContext:
         return self.world_size > 1
 
 
-def resolve_device(requested: str, local_rank: int) -> torch.device:
-    """CUDA when requested or, for "auto", when available; one GPU per process, chosen by LOCAL_RANK."""
+def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+    """The device for "auto" (CUDA when available, else the CPU), "cuda" or "cpu"; one GPU per process, chosen by
+    LOCAL_RANK. The one place that resolves a device setting: train.py, sample.py and the study's evaluator."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("device=cuda but no CUDA device is available (use device=cpu or device=auto)")
+            raise RuntimeError("device cuda was asked for but no CUDA device is available (use cpu or auto)")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device(requested)
