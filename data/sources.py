@@ -67,37 +67,17 @@ class Corpus:
 def open_corpus(cfg: DataConfig) -> Corpus:
     """Check the config, fetch what the source needs, and return its documents (read lazily)."""
     check_data_config(cfg)
-    openers: dict[str, Callable[[DataConfig], Corpus]] = {
-        "shakespeare": _shakespeare,
-        "long_prose": _long_prose,
-        "python_stdlib": _python_stdlib,
-        "sympy": _sympy,
-        "long_mix": _long_mix,
-        "hf": _hugging_face,
-        "text_files": _text_files,
-    }
-    corpus = openers[cfg.name](cfg)
+    corpus = _SOURCES[cfg.name].open(cfg)
     if cfg.max_documents is not None:
         corpus.documents = islice(corpus.documents, cfg.max_documents)
     return corpus
 
 
-# The config fields, besides name and max_documents, that decide which documents a source yields.
-_IDENTITY_FIELDS = {
-    "shakespeare": (),
-    "long_prose": (),
-    "python_stdlib": (),
-    "sympy": (),
-    "long_mix": (),
-    "hf": ("hf_path", "hf_name", "hf_split", "data_files", "text_field"),
-    "text_files": ("path",),
-}
-
-
 def source_identity(cfg: DataConfig) -> dict[str, Any]:
     """What names the documents of `cfg`: part of the cache key, so that different sources never collide."""
     check_data_config(cfg)
-    return {field: getattr(cfg, field) for field in ("name", *_IDENTITY_FIELDS[cfg.name], "max_documents")}
+    fields = _SOURCES[cfg.name].identity_fields
+    return {field: getattr(cfg, field) for field in ("name", *fields, "max_documents")}
 
 
 def local_input_files(cfg: DataConfig) -> list[Path]:
@@ -335,3 +315,21 @@ def _matching_files(path: str) -> tuple[list[Path], Path | None]:
 
 def _is_hidden(relative: Path) -> bool:
     return any(part.startswith(".") for part in relative.parts)
+
+
+@dataclass(frozen=True)
+class _Source:
+    open: Callable[[DataConfig], Corpus]
+    identity_fields: tuple[str, ...] = ()  # config fields besides name and max_documents that pick the documents
+
+
+# Every source by its `data.name` (config.SOURCE_NAMES lists the names the config accepts; a test checks they agree).
+_SOURCES: dict[str, _Source] = {
+    "shakespeare": _Source(_shakespeare),
+    "long_prose": _Source(_long_prose),
+    "python_stdlib": _Source(_python_stdlib),
+    "sympy": _Source(_sympy),
+    "long_mix": _Source(_long_mix),
+    "hf": _Source(_hugging_face, ("hf_path", "hf_name", "hf_split", "data_files", "text_field")),
+    "text_files": _Source(_text_files, ("path",)),
+}

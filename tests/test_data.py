@@ -13,6 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from flashgpt.data import EOT_ID, DataConfig, get_tokenizer, load_splits
+from flashgpt.data.config import SOURCE_NAMES
+from flashgpt.data.sources import _SOURCES
 from flashgpt.data.batches import get_batch
 from flashgpt.data.eval_spans import held_out_spans
 from flashgpt.data.sampler import WindowSampler
@@ -347,3 +349,9 @@ def test_prepare_data_script_names_a_bad_override(override, message):
     command = [sys.executable, str(REPO / "scripts/prepare_data.py"), "data=text_files", override]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_configurable_source_can_be_opened():
+    """The config's list of names and the sources' table are the same set: no name the config accepts that nothing
+    opens, and no source the config refuses."""
+    assert tuple(_SOURCES) == SOURCE_NAMES
