@@ -13,13 +13,12 @@ import torch
 from omegaconf import OmegaConf
 
 from flashgpt.data import EOT_ID, DataConfig, get_tokenizer, load_splits
-from flashgpt.data.config import SOURCE_NAMES
-from flashgpt.data.sources import _SOURCES
 from flashgpt.data.batches import get_batch
+from flashgpt.data.config import SOURCE_NAMES
 from flashgpt.data.eval_spans import held_out_spans
 from flashgpt.data.sampler import WindowSampler
 from flashgpt.data.shards import read_doc_ids, shard_dir
-from flashgpt.data.sources import open_corpus
+from flashgpt.data.sources import _SOURCES, open_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = str(REPO / ".cache" / "data")
