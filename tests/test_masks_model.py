@@ -414,16 +414,20 @@ def recompute_greedy(model: GPT, prompt: torch.Tensor, n_new: int, document_mask
     return tokens
 
 
-def generating_gpt(att: AttentionConfig, backend: str) -> GPT:
-    """A tiny GPT with a context of 16 and matrices of std 0.15: at GPT-2's init (std 0.02, head tied to the
-    embedding) greedy decoding repeats the last token forever, which would leave the comparison without teeth."""
-    model = tiny_gpt(att, backend, seq_len=16).eval()
+def sharpened(model: GPT) -> GPT:
+    """The model with matrices of std 0.15: at GPT-2's init (std 0.02, head tied to the embedding) greedy decoding
+    repeats the last token forever, which would leave a cached-vs-recomputed comparison without teeth."""
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 2:
                 param.copy_(0.15 * torch.randn(param.shape, generator=gen))
     return model
+
+
+def generating_gpt(att: AttentionConfig, backend: str) -> GPT:
+    """A tiny GPT with a context of 16, `sharpened` for generation tests."""
+    return sharpened(tiny_gpt(att, backend, seq_len=16).eval())
 
 
 GENERATION_CASES = {

@@ -12,6 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+from test_masks_model import sharpened
 
 from flashgpt.data.tokenizer import VOCAB_SIZE, get_tokenizer
 from flashgpt.model import hf
@@ -109,16 +110,9 @@ def test_a_rope_model_has_no_position_table_and_every_backend_computes_it_alike(
 
 
 def generating_rope_gpt(backend: str) -> GPT:
-    """A rope model with a context of 16 and matrices of std 0.15 (at GPT-2's init greedy decoding repeats one
-    token, which would leave the comparison without teeth; tests/test_masks_model.py does the same)."""
+    """A rope model with a context of 16, `sharpened` for generation tests."""
     torch.manual_seed(0)
-    model = GPT(ROPE, 16, backend).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.copy_(0.15 * torch.randn(param.shape, generator=gen))
-    return model
+    return sharpened(GPT(ROPE, 16, backend).eval())
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "flash"])
