@@ -184,11 +184,11 @@ def _dkdv_tile(
     if MASKED:
         q_pos = offs_m + (seq_len_k - seq_len_q)
         q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[None, :] if DOCS else 0
-        seen = visible(
-            q_pos[None, :], offs_n[:, None], row_ok[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
-        )
+        # Keys past Tk (a ragged last key tile) are out of bounds too: their P must be exactly 0, or a row that
+        # sees no key (LSE = −inf, P = inf) turns the fused pass's dS·K into inf · 0 = NaN.
+        in_range = row_ok[None, :] & (offs_n < seq_len_k)[:, None]
+        seen = visible(q_pos[None, :], offs_n[:, None], in_range, window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS)
         if GATHER:  # the tile straddles blocks of the block mask
-            in_range = row_ok[None, :] & (offs_n < seq_len_k)[:, None]
             seen = seen & block_visible(
                 block_row, offs_m[None, :], offs_n[:, None], in_range, stride_block_row, SPARSE_BLOCK
             )

@@ -120,3 +120,27 @@ def test_deterministic_must_be_a_bool():
     q, k, v = make_qkv(1, 1, 8, 16, "contiguous")
     with pytest.raises(TypeError, match="deterministic must be a bool or None"):
         flash_attention(q, k, v, deterministic="yes")
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused", "deterministic"])
+def test_rows_that_see_no_key_beside_a_ragged_key_tile(deterministic, seed):
+    """Keys past Tk in the last key tile are out of bounds, not visible: queries at positions 40-47 see no key (their
+    block keeps only keys 48-63, of which 48-49 exist and hold another document, and the missing ones would read
+    document 0, theirs), so their P there must be 0, not exp(s − (−inf)) = inf; the fused pass's dS·K made inf · 0 =
+    NaN of it in dq."""
+    q = torch.randn(1, 2, 10, 32, requires_grad=True)
+    k, v = (torch.randn(1, 2, 50, 32, requires_grad=True) for _ in range(2))
+    document_ids = torch.zeros(1, 50, dtype=torch.long)
+    document_ids[0, 48:] = 1
+    block_mask = torch.tensor([[[False, False, False, True]]])  # (1, 1 query block, 4 key blocks of 16)
+    masks = {"document_ids": document_ids, "block_mask": block_mask, "block_size": 16}
+    o = flash_attention(q, k, v, causal=False, deterministic=deterministic, **masks)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    visible = dense_mask(10, 50, causal=False, **masks)
+    assert not visible[..., :8, :].any() and visible[..., 8:, :].any()  # the case the test is about
+    ref_o, _ = reference_attention(q, k, v, visible)
+    ref = torch.autograd.grad(ref_o, (q, k, v), do.double())
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref, strict=True):
+        assert torch.isfinite(got).all(), f"{name} has non-finite values (seed {seed})"
+        assert rel_err(got, want) < FP32_TOL, f"{name} (seed {seed})"
