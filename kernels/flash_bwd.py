@@ -122,8 +122,8 @@ def _dkdv_tile(
     k,
     v,
     k_doc,
-    qT_ptrs,
-    do_ptrs,
+    q_src,
+    do_src,
     dq_head,
     lse_row,
     delta_row,
@@ -155,18 +155,25 @@ def _dkdv_tile(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """Accumulate dK, dV of one key tile over the query tile at start_m, in the transposed (key-major) layout."""
+    """Accumulate dK, dV of one key tile over the query tile at start_m, in the transposed (key-major) layout.
+    q_src, do_src: tensor descriptors of this head's Q and dO (TMA), or pointers to the tile's Qᵀ and dO."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
+    if TMA:  # rows past Tq arrive as zeros
+        qT = tl.trans(q_src.load([start_m, 0]))
+        do = do_src.load([start_m, 0])
+    elif MASKED:
+        qT = tl.load(q_src, mask=(offs_m < seq_len_q)[None, :], other=0.0)
+        do = tl.load(do_src, mask=(offs_m < seq_len_q)[:, None], other=0.0)
+    else:
+        qT = tl.load(q_src)
+        do = tl.load(do_src)
     if MASKED:
         row_ok = offs_m < seq_len_q
-        qT = tl.load(qT_ptrs, mask=row_ok[None, :], other=0.0)
-        do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
         lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * LOG2E
         delta = tl.load(delta_row + offs_m, mask=row_ok, other=0.0)
     else:
-        qT = tl.load(qT_ptrs)
-        do = tl.load(do_ptrs)
         lse2 = tl.load(lse_row + offs_m) * LOG2E
         delta = tl.load(delta_row + offs_m)
     if UPCAST:
@@ -285,19 +292,33 @@ def _dkdv_tiles(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """Query tiles starting at lo, lo + BLOCK_M, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1]."""
+    """Query tiles starting at lo, lo + BLOCK_M, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
+    q_head, do_head: this head's Q and dO, as tensor descriptors (TMA) or pointers."""
     if INDEXED:
         for i in range(lo, hi):
             start_m = tl.multiple_of(tl.load(kept + i) * BLOCK_M, BLOCK_M)
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            qT_ptrs = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
-            do_ptrs = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
+            q_tile = q_head
+            do_tile = do_head
+            if not TMA:
+                offs_m = start_m + tl.arange(0, BLOCK_M)
+                q_tile = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
+                do_tile = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
             dk, dv = _dkdv_tile(
-                dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, dq_head, lse_row, delta_row, doc_row, block_row,
+                dk, dv, k, v, k_doc, q_tile, do_tile, dq_head, lse_row, delta_row, doc_row, block_row,
                 stride_block_row, offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
                 offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS,
-                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            )  # fmt: skip
+    elif TMA:
+        for start_m in range(lo, hi, BLOCK_M):
+            start_m = tl.multiple_of(start_m, BLOCK_M)
+            dk, dv = _dkdv_tile(
+                dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row,
+                stride_block_row, offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
+                offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS,
+                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
     else:
         offs_m = lo + tl.arange(0, BLOCK_M)
@@ -309,7 +330,7 @@ def _dkdv_tiles(
                 dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, dq_head, lse_row, delta_row, doc_row, block_row,
                 stride_block_row, offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
                 offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS,
-                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
             qT_ptrs += BLOCK_M * stride_qt
             do_ptrs += BLOCK_M * stride_dot
@@ -366,6 +387,7 @@ def _dkdv_query_range(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Query tiles [lo, hi): a masked run (the causal diagonal band), the mask-free run inside [full_lo, full_hi),
     and a masked run (the end of a window, or the ragged last tile). Under a block mask, only the listed tiles."""
@@ -384,19 +406,19 @@ def _dkdv_query_range(
         dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
         stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_0, run_1, seq_len_q, seq_len_k,
         window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
         dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
         stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_1, run_2, seq_len_q, seq_len_k,
         window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+        False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
         dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
         stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_2, run_3, seq_len_q, seq_len_k,
         window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
     )  # fmt: skip
     return dk, dv
 
@@ -434,6 +456,7 @@ def _dkdv_dense(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """No window, document or block mask and Tq == Tk: the causal diagonal band (masked), the mask-free bulk and
     the ragged last tile (masked), with bounds written out directly. `_dkdv_query_range` visits the same tiles, but
@@ -446,7 +469,7 @@ def _dkdv_dense(
             dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
             stride_dot, stride_dod, offs_n, offs_d, start_n, start_n, band_hi, seq_len, seq_len, 0, qk_scale, bh,
             seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL,
-            False, False, False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+            False, False, False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
         bulk_lo = start_n + BLOCK_N
     else:
@@ -456,13 +479,13 @@ def _dkdv_dense(
         dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
         stride_dot, stride_dod, offs_n, offs_d, start_n, bulk_lo, bulk_hi, seq_len, seq_len, 0, qk_scale, bh, seed,
         offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, False, CAUSAL, False, False,
-        False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+        False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
         dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
         stride_dot, stride_dod, offs_n, offs_d, start_n, bulk_hi, seq_len, seq_len, seq_len, 0, qk_scale, bh, seed,
         offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL, False, False,
-        False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+        False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
     )  # fmt: skip
     return dk, dv
 
@@ -539,6 +562,7 @@ def flash_bwd_dkdv_kernel(
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
     softmax_scale = tl.cast(softmax_scale, tl.float32)
@@ -567,6 +591,9 @@ def flash_bwd_dkdv_kernel(
         v = v.to(tl.float32)
     dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    if TMA:  # bulk tensor copies of whole query tiles; the descriptors' bounds zero-fill rows past Tq
+        q_head = tl.make_tensor_descriptor(q_head, [seq_len_q, HEAD_DIM], [stride_qt, 1], [BLOCK_M, HEAD_DIM])
+        do_head = tl.make_tensor_descriptor(do_head, [seq_len_q, HEAD_DIM], [stride_dot, 1], [BLOCK_M, HEAD_DIM])
     # DQ_REDUCE: this pass also adds dS·K into DQAcc, fp32 (B·H, Tq, D) contiguous, zeroed by the preprocess.
     if DQ_REDUCE == "tma":
         dq_head = tl.make_tensor_descriptor(
@@ -584,7 +611,7 @@ def flash_bwd_dkdv_kernel(
         dk, dv = _dkdv_dense(
             dk, dv, k, v, q_head, do_head, dq_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
             offs_n, offs_d, start_n, seq_len_q, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
-            dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+            dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
     else:
         # Only the query tiles that can see this key tile; query rows above the causal band are skipped.
@@ -613,7 +640,7 @@ def flash_bwd_dkdv_kernel(
             kept, n_kept, stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, lo, hi, full_lo,
             full_hi, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
             dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SPARSE, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST,
-            INPUT_PRECISION, DQ_REDUCE,
+            INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
 
     dk_head = head_start(DK, b, h, stride_dkb, stride_dkh)
@@ -640,8 +667,8 @@ def _dq_tile(
     delta,
     q_pos,
     q_doc,
-    kT_ptrs,
-    vT_ptrs,
+    k_src,
+    v_src,
     doc_row,
     block_row,
     stride_block_row,
@@ -668,16 +695,22 @@ def _dq_tile(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """Accumulate dQ of one query tile over the key tile at start_n."""
+    """Accumulate dQ of one query tile over the key tile at start_n.
+    k_src, v_src: tensor descriptors of this head's K and V (TMA), or pointers to the tile's Kᵀ and Vᵀ."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASKED:
         col_ok = offs_n < seq_len_k
-        kT = tl.load(kT_ptrs, mask=col_ok[None, :], other=0.0)
-        vT = tl.load(vT_ptrs, mask=col_ok[None, :], other=0.0)
+    if TMA:  # rows past Tk arrive as zeros
+        kT = tl.trans(k_src.load([start_n, 0]))
+        vT = tl.trans(v_src.load([start_n, 0]))
+    elif MASKED:
+        kT = tl.load(k_src, mask=col_ok[None, :], other=0.0)
+        vT = tl.load(v_src, mask=col_ok[None, :], other=0.0)
     else:
-        kT = tl.load(kT_ptrs)
-        vT = tl.load(vT_ptrs)
+        kT = tl.load(k_src)
+        vT = tl.load(v_src)
     if UPCAST:
         kT = kT.to(tl.float32)
         vT = vT.to(tl.float32)
@@ -752,19 +785,33 @@ def _dq_tiles(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1]."""
+    """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
+    k_head, v_head: this head's K and V, as tensor descriptors (TMA) or pointers."""
     if INDEXED:
         for i in range(lo, hi):
             start_n = tl.multiple_of(tl.load(kept + i) * BLOCK_N, BLOCK_N)
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
-            vT_ptrs = v_head + offs_n[None, :] * stride_vt + offs_d[:, None] * stride_vd  # (D, BLOCK_N)
+            k_tile = k_head
+            v_tile = v_head
+            if not TMA:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                k_tile = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+                v_tile = v_head + offs_n[None, :] * stride_vt + offs_d[:, None] * stride_vd  # (D, BLOCK_N)
             dq = _dq_tile(
-                dq, q, do, lse2, delta, q_pos, q_doc, kT_ptrs, vT_ptrs, doc_row, block_row, stride_block_row, offs_m,
+                dq, q, do, lse2, delta, q_pos, q_doc, k_tile, v_tile, doc_row, block_row, stride_block_row, offs_m,
                 start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
                 dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
-                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+            )  # fmt: skip
+    elif TMA:
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            dq = _dq_tile(
+                dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, offs_m,
+                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+                dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
+                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     else:
         offs_n = lo + tl.arange(0, BLOCK_N)
@@ -776,7 +823,7 @@ def _dq_tiles(
                 dq, q, do, lse2, delta, q_pos, q_doc, kT_ptrs, vT_ptrs, doc_row, block_row, stride_block_row, offs_m,
                 start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
                 dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
-                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
             kT_ptrs += BLOCK_N * stride_kt
             vT_ptrs += BLOCK_N * stride_vt
@@ -831,6 +878,7 @@ def _dq_key_range(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Same split as the forward: masked run, mask-free run, masked run (causal band or ragged tail)."""
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
@@ -849,19 +897,19 @@ def _dq_key_range(
             dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept,
             stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_0, run_1, seq_len_q, seq_len_k,
             window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
-            BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+            BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
         )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
         stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_1, run_2, seq_len_q, seq_len_k, window_size, qk_scale,
         bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, SPARSE, CAUSAL,
-        WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+        WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
         stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_2, run_3, seq_len_q, seq_len_k, window_size, qk_scale,
         bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL,
-        WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+        WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     return dq
 
@@ -938,6 +986,7 @@ def flash_bwd_dq_kernel(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
     softmax_scale = tl.cast(softmax_scale, tl.float32)
@@ -978,6 +1027,9 @@ def flash_bwd_dq_kernel(
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    if TMA:  # bulk tensor copies of whole key tiles; the descriptors' bounds zero-fill rows past Tk
+        k_head = tl.make_tensor_descriptor(k_head, [seq_len_k, HEAD_DIM], [stride_kt, 1], [BLOCK_N, HEAD_DIM])
+        v_head = tl.make_tensor_descriptor(v_head, [seq_len_k, HEAD_DIM], [stride_vt, 1], [BLOCK_N, HEAD_DIM])
 
     lo, hi, full_lo, full_hi = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
     if DOCS:
@@ -1000,7 +1052,7 @@ def flash_bwd_dq_kernel(
         dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, n_kept,
         stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_q, seq_len_k,
         window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        CAUSAL, WINDOW, DOCS, SPARSE, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+        CAUSAL, WINDOW, DOCS, SPARSE, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
     dq_head = head_start(DQ, b, h, stride_dqb, stride_dqh)

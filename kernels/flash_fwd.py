@@ -38,8 +38,8 @@ def _forward_tile(
     q,
     q_pos,
     q_doc,
-    kT_ptrs,
-    v_ptrs,
+    k_src,
+    v_src,
     doc_row,
     block_row,
     stride_block_row,
@@ -66,16 +66,22 @@ def _forward_tile(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """Online-softmax update with the key tile at start_n. MASKED tiles apply the length mask and every mask."""
+    """Online-softmax update with the key tile at start_n. MASKED tiles apply the length mask and every mask.
+    k_src, v_src: tensor descriptors of this head's K and V (TMA), or pointers to the tile's Kᵀ and V."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASKED:
         in_bounds = offs_n < seq_len_k
-        kT = tl.load(kT_ptrs, mask=in_bounds[None, :], other=0.0)
-        v = tl.load(v_ptrs, mask=in_bounds[:, None], other=0.0)
+    if TMA:  # rows past Tk arrive as zeros
+        kT = tl.trans(k_src.load([start_n, 0]))
+        v = v_src.load([start_n, 0])
+    elif MASKED:
+        kT = tl.load(k_src, mask=in_bounds[None, :], other=0.0)
+        v = tl.load(v_src, mask=in_bounds[:, None], other=0.0)
     else:
-        kT = tl.load(kT_ptrs)
-        v = tl.load(v_ptrs)
+        kT = tl.load(k_src)
+        v = tl.load(v_src)
     if UPCAST:
         kT = kT.to(tl.float32)
         v = v.to(tl.float32)
@@ -119,8 +125,8 @@ def _forward_tiles(
     q,
     q_pos,
     q_doc,
-    k_head,
-    v_head,
+    k_src,
+    v_src,
     doc_row,
     block_row,
     stride_block_row,
@@ -155,31 +161,45 @@ def _forward_tiles(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
-    """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1]."""
+    """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
+    k_src, v_src: this head's K and V, as tensor descriptors (TMA) or pointers."""
     if INDEXED:
         for i in range(lo, hi):
             start_n = tl.multiple_of(tl.load(kept + i) * BLOCK_N, BLOCK_N)
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
-            v_ptrs = v_head + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
+            kT_tile = k_src
+            v_tile = v_src
+            if not TMA:
+                offs_n = start_n + tl.arange(0, BLOCK_N)
+                kT_tile = k_src + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+                v_tile = v_src + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
             acc, l_i, m_i = _forward_tile(
-                acc, l_i, m_i, q, q_pos, q_doc, kT_ptrs, v_ptrs, doc_row, block_row, stride_block_row, offs_m,
+                acc, l_i, m_i, q, q_pos, q_doc, kT_tile, v_tile, doc_row, block_row, stride_block_row, offs_m,
                 start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
                 dropout_threshold, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS,
-                DROPOUT, UPCAST, INPUT_PRECISION,
+                DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+            )  # fmt: skip
+    elif TMA:
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            acc, l_i, m_i = _forward_tile(
+                acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, offs_m,
+                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
+                dropout_threshold, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS,
+                DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     else:
         offs_n = lo + tl.arange(0, BLOCK_N)
-        kT_ptrs = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
-        v_ptrs = v_head + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
+        kT_ptrs = k_src + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+        v_ptrs = v_src + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             acc, l_i, m_i = _forward_tile(
                 acc, l_i, m_i, q, q_pos, q_doc, kT_ptrs, v_ptrs, doc_row, block_row, stride_block_row, offs_m,
                 start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
                 dropout_threshold, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS,
-                DROPOUT, UPCAST, INPUT_PRECISION,
+                DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
             kT_ptrs += BLOCK_N * stride_kt
             v_ptrs += BLOCK_N * stride_vt
@@ -194,8 +214,8 @@ def _forward_key_range(
     q,
     q_pos,
     q_doc,
-    k_head,
-    v_head,
+    k_src,
+    v_src,
     doc_row,
     block_row,
     stride_block_row,
@@ -232,6 +252,7 @@ def _forward_key_range(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Key tiles [lo, hi): a masked run, the mask-free run inside [full_lo, full_hi), and a masked run. With plain
     causal masking the first run is empty (and not compiled) and the last is the diagonal band; without masks the
@@ -251,22 +272,22 @@ def _forward_key_range(
         run_0, run_1, run_2, run_3 = start, fast_lo, fast_hi, end
     if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
         acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
+            acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt,
             stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_0, run_1, seq_len_q, seq_len_k, window_size,
             qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL,
-            WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+            WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
         )  # fmt: skip
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
+        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt,
         stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_1, run_2, seq_len_q, seq_len_k, window_size, qk_scale,
         bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, False, SPARSE, CAUSAL, WINDOW, DOCS,
-        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
+        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt,
         stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_2, run_3, seq_len_q, seq_len_k, window_size, qk_scale,
         bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS,
-        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     return acc, l_i, m_i
 
@@ -329,6 +350,7 @@ def flash_fwd_kernel(
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # Scalars may arrive as Python floats baked in as fp64 constants (torch.compile does this); the math is fp32.
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -344,6 +366,11 @@ def flash_fwd_kernel(
     k_head = head_start(K, b, h, stride_kb, stride_kh)
     v_head = head_start(V, b, h, stride_vb, stride_vh)
     o_head = head_start(O, b, h, stride_ob, stride_oh)
+    k_src = k_head
+    v_src = v_head
+    if TMA:  # bulk tensor copies (TMA) of whole tiles; the descriptor's bounds zero-fill rows past Tk
+        k_src = tl.make_tensor_descriptor(k_head, [seq_len_k, HEAD_DIM], [stride_kt, 1], [BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(v_head, [seq_len_k, HEAD_DIM], [stride_vt, 1], [BLOCK_N, HEAD_DIM])
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -379,10 +406,10 @@ def flash_fwd_kernel(
         kept = KeptIndex
         block_row = BlockMask
     acc, l_i, m_i = _forward_key_range(
-        acc, l_i, m_i, q, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, n_kept, stride_kt,
+        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, n_kept, stride_kt,
         stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_q, seq_len_k, window_size,
         qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SPARSE,
-        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
     if EXTRA_MASKS:  # a row that saw no key has l = 0 and acc = 0: o = 0 and LSE = −inf + log2(1) = −inf

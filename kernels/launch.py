@@ -205,9 +205,31 @@ def _mask_args(masks: FlashMask, cfg: LaunchConfig, kernel_pass: str) -> tuple:
 NO_MASKS = FlashMask()
 
 
+@functools.cache
+def _set_tma_allocator() -> None:
+    """Descriptors built inside a kernel (tl.make_tensor_descriptor) live in scratch memory that Triton asks the
+    process-wide allocator for."""
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+
+
+def _use_tma(cfg: LaunchConfig, *tiles: torch.Tensor) -> bool:
+    """Whether a pass launched with cfg streams these (B, H, T, D) tensors' tiles through tensor descriptors: if
+    cfg asks for it and descriptors can address them (unit stride along D; every other stride and the base
+    address on 16-byte boundaries). The descriptors are built in the kernel, in scratch memory."""
+    if not cfg.tma:
+        return False
+    for t in tiles:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[:-1]):
+            return False
+    _set_tma_allocator()
+    return True
+
+
 def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask | None = None):
     """o (B, H, Tq, D) and lse (B, H, Tq) fp32 from q (B, H, Tq, D) and k, v (B, H, Tk, D)."""
     masks = masks or NO_MASKS
+    tma = _use_tma(cfg, k, v)
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     qk_scale, *rng = params.scalars()
@@ -215,7 +237,7 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
         flash_fwd_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads, seq_len_q, seq_len_k, qk_scale, *rng,
-        *_mask_args(masks, cfg, "fwd"), EXTRA_MASKS=masks.any, **_flags(q, params, cfg, masks),
+        *_mask_args(masks, cfg, "fwd"), EXTRA_MASKS=masks.any, TMA=tma, **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
@@ -237,13 +259,6 @@ def launch_dq_convert(dq_acc, dq, softmax_scale: float) -> None:
         flash_bwd_dq_convert_kernel, (_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads), dq_acc, dq, *dq.stride(),
         heads, seq_len, softmax_scale, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M,
     )  # fmt: skip
-
-
-@functools.cache
-def _set_tma_allocator() -> None:
-    """Descriptors built inside a kernel (tl.make_tensor_descriptor) live in scratch memory that Triton asks the
-    process-wide allocator for."""
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
 
 
 def launch_dkdv(
@@ -268,6 +283,7 @@ def launch_dkdv(
     masks = masks or NO_MASKS
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
+    tma = _use_tma(cfg, q, do)
     if dq_reduce == "tma":
         _set_tma_allocator()
     _launch(
@@ -275,7 +291,8 @@ def launch_dkdv(
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
         *_mask_args(masks, cfg, "bwd_fused" if dq_reduce != "none" else "bwd_dkdv"),
-        DENSE=not masks.any and seq_len_q == seq_len_k, DQ_REDUCE=dq_reduce, **_flags(q, params, cfg, masks),
+        DENSE=not masks.any and seq_len_q == seq_len_k, DQ_REDUCE=dq_reduce, TMA=tma,
+        **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
@@ -300,12 +317,13 @@ def launch_dq(
     masks = masks or NO_MASKS
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
+    tma = _use_tma(cfg, k, v)
     o_strides = o.stride() if o is not None else (0, 0, 0, 0)
     dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
     _launch(
         flash_bwd_dq_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *o_strides,
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
-        *_mask_args(masks, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, FUSED_DELTA=o is not None,
+        *_mask_args(masks, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, FUSED_DELTA=o is not None, TMA=tma,
         **_flags(q, params, cfg, masks),
     )  # fmt: skip

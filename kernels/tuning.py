@@ -26,6 +26,7 @@ class LaunchConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False  # the tiles a program streams (K/V, or Q/dO for the key-row passes) via tensor descriptors
 
     def validate(self, kernel_pass: str) -> None:
         """Each pass walks its diagonal band in steps of the smaller tile, which must divide the larger. Tiles are

@@ -18,6 +18,7 @@ import math
 import platform
 import sys
 import time
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -127,11 +128,13 @@ def tune_shape(
     rep: int,
     dq_reduce: str,
     split: tuple[LaunchConfig, LaunchConfig] | None,
+    tma_top: int = 0,
 ) -> dict:
     """Time every candidate of every pass at one shape; returns {pass: [(config, ms) ...]}. bwd_fused is timed with
     the two small launches around it (δ and zeroing before, dQ's scale and cast after): the whole fused backward.
     With `split` (the bwd_dq and bwd_dkdv configurations), "split" is the deterministic backward at those, timed
-    the same way, for the choice between the two (`kernels.tuning.backward_schedule`)."""
+    the same way, for the choice between the two (`kernels.tuning.backward_schedule`). The tma_top fastest
+    candidates of each pass are timed again with their tiles loaded through tensor descriptors (`tma`)."""
     batch, heads = max(1, 16384 // seq_len), HEADS[head_dim]
     q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=dtype) for _ in range(4))
     params = AttentionParams(True, dropout_p, 1 / math.sqrt(head_dim), seed=1234, offset=0)
@@ -162,11 +165,11 @@ def tune_shape(
 
         runners["split"] = split_backward
         passes = [*passes, "split"]
-    results = {}
-    for kernel_pass in passes:
-        run, timings = runners[kernel_pass], []
-        for cfg in candidates(kernel_pass, head_dim) if kernel_pass != "split" else [dq_cfg]:
-            launch = functools.partial(run, cfg)
+
+    def timed(kernel_pass: str, configs: list[LaunchConfig]) -> list[tuple[LaunchConfig, float]]:
+        timings = []
+        for cfg in configs:
+            launch = functools.partial(runners[kernel_pass], cfg)
             try:
                 launch()
                 torch.cuda.synchronize()
@@ -175,7 +178,17 @@ def tune_shape(
                 print(f"  skip {kernel_pass} {cfg}: {type(err).__name__}: {str(err).splitlines()[0][:100]}")
                 continue
             timings.append((cfg, ms))
-        results[kernel_pass] = timings
+        return timings
+
+    results = {}
+    for kernel_pass in passes:
+        if kernel_pass == "split":
+            results[kernel_pass] = timed(kernel_pass, [dq_cfg])
+            continue
+        timings = timed(kernel_pass, candidates(kernel_pass, head_dim))
+        # The tile loads through tensor descriptors, for the fastest pointer-load configurations only.
+        fastest = sorted(timings, key=lambda t: t[1])[:tma_top]
+        results[kernel_pass] = timings + timed(kernel_pass, [replace(cfg, tma=True) for cfg, _ in fastest])
     return results
 
 
@@ -192,6 +205,9 @@ def main() -> None:
         choices=("tma", "atomic"),
         default="tma",
         help="how bwd_fused sums dQ (tma: Hopper only)",
+    )
+    parser.add_argument(
+        "--tma-top", type=int, default=4, help="time this many fastest candidates again with TMA tile loads (Hopper)"
     )
     parser.add_argument("--warmup", type=int, default=10, help="ms")
     parser.add_argument("--rep", type=int, default=40, help="ms")
@@ -218,8 +234,9 @@ def main() -> None:
                 )
                 tune_passes = [p for p in passes if p in ("fwd", "bwd_dq", "bwd_dkdv")]
                 results = tune_shape(
-                    head_dim, seq_len, dropout_p, dtype, tune_passes, args.warmup, args.rep, args.dq_reduce, None
-                )
+                    head_dim, seq_len, dropout_p, dtype, tune_passes, args.warmup, args.rep, args.dq_reduce, None,
+                    args.tma_top,
+                )  # fmt: skip
                 if "bwd_fused" in passes:
                     # The split backward at this run's best configurations, or the table's.
                     split = tuple(
@@ -228,7 +245,7 @@ def main() -> None:
                     )
                     results |= tune_shape(
                         head_dim, seq_len, dropout_p, dtype, ["bwd_fused"], args.warmup, args.rep, args.dq_reduce,
-                        split,
+                        split, args.tma_top,
                     )  # fmt: skip
                     fused_ms, split_ms = (min(ms for _, ms in results[p]) for p in ("bwd_fused", "split"))
                     schedules[key_of("backward")] = "fused" if fused_ms < split_ms else "split"

@@ -1,0 +1,124 @@
+"""Where the host time of one eager flash_attention call goes, on a CUDA machine, at a shape too small for the GPU
+to matter (B = 1, H = 2, T = 128, D = 64): the call split into its stages, timed one by one, the launcher's cache,
+a cProfile of the whole fwd+bwd, and cuDNN's SDPA as the peer.
+
+    PYTHONPATH=. python scripts/profile_host.py --out results/tuning/host-profile.txt
+
+Stages (µs per call, the loop's wall time before the final sync: the GPU only trails the host here):
+forward without grad, forward with grad, fwd + autograd.grad, the backward operator body alone, and each launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flashgpt.kernels import flash_attention, interface, launch
+
+SHAPE = (1, 2, 128, 64)
+
+
+def per_call_us(step: Callable[[], object], calls: int) -> float:
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--out", default=None, help="also write the report to this file")
+    args = parser.parse_args()
+    q, k, v = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
+    grad_out = torch.randn_like(q)
+    lines: list[str] = [f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, shape {SHAPE}"]
+
+    def flash_fwd_nograd() -> None:
+        with torch.no_grad():
+            flash_attention(q, k, v)
+
+    def flash_fwd_grad() -> None:
+        flash_attention(q, k, v)
+
+    def flash_fwd_bwd() -> None:
+        torch.autograd.grad(flash_attention(q, k, v), (q, k, v), grad_out)
+
+    def cudnn_fwd_bwd() -> None:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), grad_out)
+
+    with torch.no_grad():
+        o, lse = flash_attention(q, k, v, return_lse=True)
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+
+    def backward_body() -> None:
+        interface._backward_kernels(grad_out, qd, kd, vd, o, lse, None, None, True, 0.0, None)
+
+    params = interface._params(True, 0.0, None, SHAPE[-1], None)
+    cfg_dq = launch.tuned_config("bwd_dq", qd, params)
+    cfg_dkdv = launch.tuned_config("bwd_dkdv", qd, params)
+    delta = torch.empty_like(lse)
+    dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
+
+    def dq_launch() -> None:
+        launch.launch_dq(qd, kd, vd, grad_out, lse, delta, dq, params, cfg_dq, o=o)
+
+    def dkdv_launch() -> None:
+        launch.launch_dkdv(qd, kd, vd, grad_out, lse, delta, dk, dv, params, cfg_dkdv)
+
+    def dq_key() -> None:
+        launch._fast_launcher(launch.flash_bwd_dq_kernel)._key((qd, kd, vd) * 20, {"A": 1})
+
+    stages = {
+        "flash fwd, no grad": flash_fwd_nograd,
+        "flash fwd, grad": flash_fwd_grad,
+        "flash fwd + autograd.grad": flash_fwd_bwd,
+        "flash backward body": backward_body,
+        "launch_dq": dq_launch,
+        "launch_dkdv": dkdv_launch,
+        "FastLauncher key, 60 args": dq_key,
+        "cudnn fwd + autograd.grad": cudnn_fwd_bwd,
+    }
+    for name, step in stages.items():
+        lines.append(f"{name:>28}: {per_call_us(step, args.calls):7.1f} us")
+    for kernel in (launch.flash_fwd_kernel, launch.flash_bwd_dq_kernel, launch.flash_bwd_dkdv_kernel):
+        lines.append(f"launcher entries {kernel.fn.__name__}: {len(launch._fast_launcher(kernel)._entries)}")
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(args.calls):
+        flash_fwd_bwd()
+    profiler.disable()
+    torch.cuda.synchronize()
+    for order in ("tottime", "cumulative"):
+        stream = io.StringIO()
+        pstats.Stats(profiler, stream=stream).sort_stats(order).print_stats(30)
+        lines.append(stream.getvalue())
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            flash_fwd_bwd()
+    lines.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(report + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The tensor-descriptor (TMA) tile loads against the pointer loads, pass by pass, through the interpreter.
+
+A launch configuration with `tma=True` streams the tiles of the inner loop (K and V in the forward and the dQ pass,
+Q and dO in the dK/dV pass) through tensor descriptors, whose bounds zero-fill the rows past the sequence where
+the pointer loads mask them. The products are then the same, so every output must equal the pointer kernel's
+bit for bit; the pointer kernels themselves are checked against the float64 reference elsewhere. Ragged tiles
+(77, 101 rows), Tq < Tk, every mask, dropout, and the fused backward's dQ atomics.
+"""
+
+from dataclasses import replace
+
+import pytest
+import test_kernels
+import torch
+from test_kernel_backward import MASKS
+from test_kernels import make_qkv
+
+from flashgpt.kernels import flash_mask, interface, launch
+
+seed = test_kernels.seed  # the fresh-seed-per-check fixture
+
+
+def run_passes(q, k, v, do, mask, params, tma: bool) -> dict[str, torch.Tensor]:
+    """o, lse and both backwards' gradients, every pass at its interpreter configuration with tma set."""
+    fit = {"seq_len_k": k.shape[2], "block_size": mask.block_size if mask.block_mask is not None else None}
+    config = {p: replace(launch.tuned_config(p, q, params, **fit), tma=tma) for p in interface.PASSES}
+    o, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    launch.launch_forward(q, k, v, o, lse, params, config["fwd"], mask)
+    out = {"o": o, "lse": lse}
+    delta, dq, dk, dv = torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    launch.launch_dq(q, k, v, do, lse, delta, dq, params, config["bwd_dq"], mask, o=o)
+    launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, config["bwd_dkdv"], mask)
+    out |= {"delta": delta, "dq": dq, "dk": dk, "dv": dv}
+    dq_acc, fused_dk, fused_dv = torch.empty(q.shape), torch.empty_like(k), torch.empty_like(v)
+    launch.launch_preprocess(o, do, delta, None, dq_acc)
+    launch.launch_dkdv(q, k, v, do, lse, delta, fused_dk, fused_dv, params, config["bwd_fused"], mask,
+                       dq_acc=dq_acc, dq_reduce="atomic")  # fmt: skip
+    return out | {"fused dq (unscaled)": dq_acc, "fused dk": fused_dk, "fused dv": fused_dv}
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize(("seq_len_q", "seq_len_k"), [(77, 77), (40, 101)], ids=["square", "fewer-queries"])
+def test_tma_loads_equal_pointer_loads(seq_len_q, seq_len_k, mask, dropout_p, seed):
+    q = make_qkv(1, 2, seq_len_q, 32, "fused_qkv")[0].detach()
+    k, v = (t.detach() for t in make_qkv(1, 2, seq_len_k, 32, "fused_qkv")[1:])
+    do = torch.randn_like(q)
+    masks = MASKS[mask](seq_len_q, seq_len_k)
+    kernel_mask = flash_mask(seq_len_q, seq_len_k, head_dim=32, dtype=q.dtype, dropout_p=dropout_p, **masks)
+    rng = torch.tensor([seed, 7]) if dropout_p else None
+    params = interface._params(True, dropout_p, None, 32, rng)
+    pointers = run_passes(q, k, v, do, kernel_mask, params, tma=False)
+    descriptors = run_passes(q, k, v, do, kernel_mask, params, tma=True)
+    for name, want in pointers.items():
+        got = descriptors[name]
+        if name.startswith("fused dq"):  # element-wise atomics: the summation order may differ
+            assert torch.allclose(got, want, rtol=1e-6, atol=1e-6), f"{name} ({mask}, seed {seed})"
+        else:
+            assert torch.equal(got, want), f"{name}: TMA and pointer loads differ ({mask}, seed {seed})"
+
+
+def test_tma_falls_back_to_pointers_for_a_strided_head_dim(seed):
+    """Descriptors need unit stride along D: other layouts take the pointer loads, whatever the configuration."""
+    q, k, v = (t.detach() for t in make_qkv(1, 2, 50, 32, "transposed_d"))
+    cfg = replace(launch.tuned_config("fwd", q, interface._params(True, 0.0, None, 32, None)), tma=True)
+    assert not launch._use_tma(cfg, k, v)
+    assert launch._use_tma(cfg, *(t.contiguous() for t in (k, v)))
+    assert not launch._use_tma(replace(cfg, tma=False), *(t.contiguous() for t in (k, v)))
