@@ -438,7 +438,9 @@ class _EagerFlashAttention(torch.autograd.Function):
     T = 1K, where the host already bounds the speed. Compiled and traced code always goes through the operators."""
 
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, options: tuple):
+        # Everything but q, k, v travels as one tuple: autograd's per-input bookkeeping costs host time per argument.
+        inputs = (q, k, v, *options)
         o, lse = _forward(*inputs)
         _setup_context(ctx, inputs, (o, lse))
         return o, lse
@@ -507,6 +509,9 @@ def flash_attention(
         deterministic = torch.are_deterministic_algorithms_enabled()
     elif not isinstance(deterministic, bool):
         raise TypeError(f"flash_attention: deterministic must be a bool or None, got {deterministic!r}")
-    attention = _EagerFlashAttention.apply if _plain_eager(q) else flash_attention_forward
-    o, lse = attention(q, k, v, rng_state, causal, float(dropout_p), scale, *masks, deterministic)
+    options = (rng_state, causal, float(dropout_p), scale, *masks, deterministic)
+    if _plain_eager(q):
+        o, lse = _EagerFlashAttention.apply(q, k, v, options)
+    else:
+        o, lse = flash_attention_forward(q, k, v, *options)
     return (o, lse) if return_lse else o

@@ -28,8 +28,13 @@ LOG2E = math.log2(math.e)
 PREPROCESS_BLOCK_M = 128
 
 
+# Triton decides at import whether @triton.jit kernels run in its interpreter; so does this module, once.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """The kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1 when they were imported)."""
+    return _INTERPRETING
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -74,6 +79,7 @@ class AttentionParams:
         return self.softmax_scale * LOG2E, self.seed, offset_lo, offset_hi, threshold, scale
 
 
+@functools.cache
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -98,6 +104,7 @@ def fit_tiles_to_blocks(cfg: LaunchConfig, block_size: int) -> LaunchConfig:
     return replace(cfg, block_m=min(cfg.block_m, largest), block_n=min(cfg.block_n, largest))
 
 
+@functools.lru_cache(maxsize=1024)  # a pure lookup, made on every launch: a dict hit instead
 def config_for(
     kernel_pass: str,
     head_dim: int,
