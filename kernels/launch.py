@@ -212,11 +212,16 @@ def _mask_args(masks: FlashMask, cfg: LaunchConfig, kernel_pass: str) -> tuple:
 NO_MASKS = FlashMask()
 
 
-@functools.cache
-def _set_tma_allocator() -> None:
-    """Descriptors built inside a kernel (tl.make_tensor_descriptor) live in scratch memory that Triton asks the
-    process-wide allocator for."""
-    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Scratch memory for the descriptors a kernel builds (tl.make_tensor_descriptor), from PyTorch's allocator."""
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def _provide_tma_scratch() -> None:
+    """Triton asks its allocator for descriptor scratch at launch. The allocator is a context variable, i.e. per
+    thread: autograd runs backward passes on its own threads, so it is set before every launch that needs it, not
+    once per process (a ContextVar.set, well under a microsecond)."""
+    triton.set_allocator(_tma_scratch)
 
 
 def _use_tma(cfg: LaunchConfig, *tiles: torch.Tensor) -> bool:
@@ -229,7 +234,7 @@ def _use_tma(cfg: LaunchConfig, *tiles: torch.Tensor) -> bool:
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[:-1]):
             return False
-    _set_tma_allocator()
+    _provide_tma_scratch()
     return True
 
 
@@ -292,7 +297,7 @@ def launch_dkdv(
     seq_len_k = k.shape[2]
     tma = _use_tma(cfg, q, do)
     if dq_reduce == "tma":
-        _set_tma_allocator()
+        _provide_tma_scratch()
     _launch(
         flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),

@@ -66,3 +66,26 @@ def test_tma_falls_back_to_pointers_for_a_strided_head_dim(seed):
     assert not launch._use_tma(cfg, k, v)
     assert launch._use_tma(cfg, *(t.contiguous() for t in (k, v)))
     assert not launch._use_tma(replace(cfg, tma=False), *(t.contiguous() for t in (k, v)))
+
+
+def test_descriptor_scratch_is_provided_on_every_thread():
+    """Triton asks a per-thread (context variable) allocator for the descriptors' scratch at launch, and autograd
+    runs backward passes on its own threads: a launch that streams through descriptors provides it on whichever
+    thread launches, not once per process (which failed every backward on the GPU)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime import _allocation
+
+    q, k, v = (t.detach().contiguous() for t in make_qkv(1, 2, 50, 32, "fused_qkv"))
+    cfg = replace(launch.tuned_config("fwd", q, interface._params(True, 0.0, None, 32, None)), tma=True)
+
+    def allocator_after_use_tma():
+        before = _allocation._allocator.get()
+        assert launch._use_tma(cfg, k, v)
+        return before, _allocation._allocator.get()
+
+    for _ in range(2):  # a fresh thread each time starts with Triton's default (no allocator)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            before, after = pool.submit(allocator_after_use_tma).result()
+        assert before is _allocation._NULL_ALLOCATOR
+        assert after is launch._tma_scratch
