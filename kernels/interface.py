@@ -32,6 +32,7 @@ to the next native one. That is exact: zero columns add nothing to q·kᵀ, the 
 are sliced away, and the softmax scale stays 1/√D of the caller's D.
 """
 
+import functools
 import math
 import numbers
 import operator
@@ -43,8 +44,9 @@ from flashgpt.model.masks import validate_masks
 
 from .dropout import check_dropout_p
 from .launch import (
+    NO_MASKS,
     AttentionParams,
-    dtype_name,
+    backward_schedule_for,
     interpreting,
     is_hopper,
     launch_dkdv,
@@ -56,7 +58,7 @@ from .launch import (
     tuned_config,
 )
 from .tile_schedule import FlashMask, TileKey
-from .tuning import NATIVE_HEAD_DIMS, PASSES, backward_schedule, seq_len_bucket
+from .tuning import NATIVE_HEAD_DIMS, PASSES, seq_len_bucket
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 8
@@ -79,6 +81,8 @@ def _check_head_dim(head_dim: int, caller: str) -> None:
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> None:
+    # Every eager call runs this: each property is read once (a tensor's shape, device and strides are new Python
+    # objects on every access).
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -88,36 +92,41 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: floa
             raise TypeError(
                 f"flash_attention: {name} has dtype {t.dtype}; supported: float16, bfloat16 (GPU) and float32"
             )
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+    q_shape, k_shape = q.shape, k.shape
+    if k_shape != v.shape or q_shape[:2] != k_shape[:2] or q_shape[3] != k_shape[3]:
         raise ValueError(
             "flash_attention: k and v must have the same shape (B, H, Tk, D) and q (B, H, Tq, D), got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            f"{tuple(q_shape)}, {tuple(k_shape)}, {tuple(v.shape)}"
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"flash_attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"flash_attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type == "cpu" and not interpreting():
-        raise ValueError(
-            "flash_attention: q is a CPU tensor; the kernel needs CUDA tensors, or TRITON_INTERPRET=1 set before "
-            "`flashgpt.kernels` is first imported to run through the Triton interpreter"
-        )
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"flash_attention: unsupported device {q.device}; use CUDA (or CPU when interpreting)")
-    if not isinstance(causal, bool):
+    device = q.device
+    if not (device == k.device == v.device):
+        raise ValueError(f"flash_attention: q, k, v must be on one device, got {device}, {k.device}, {v.device}")
+    if device.type != "cuda":
+        if device.type != "cpu":
+            raise ValueError(f"flash_attention: unsupported device {device}; use CUDA (or CPU when interpreting)")
+        if not interpreting():
+            raise ValueError(
+                "flash_attention: q is a CPU tensor; the kernel needs CUDA tensors, or TRITON_INTERPRET=1 set "
+                "before `flashgpt.kernels` is first imported to run through the Triton interpreter"
+            )
+    if causal is not True and causal is not False:
         raise TypeError(f"flash_attention: causal must be a bool, got {causal!r}")
-    batch, heads, seq_len, head_dim = q.shape
+    batch, heads, seq_len, head_dim = q_shape
     _check_head_dim(head_dim, "flash_attention")
     if seq_len < 1 or batch < 1 or heads < 1:
-        raise ValueError(f"flash_attention: empty input of shape {tuple(q.shape)}")
-    check_dropout_p(dropout_p)
-    if dropout_p > 0 and k.shape[2] > MAX_DROPOUT_SEQ_LEN:  # rows are at most Tk too
+        raise ValueError(f"flash_attention: empty input of shape {tuple(q_shape)}")
+    if type(dropout_p) is not float or dropout_p != 0.0:  # 0.0 is the common case and valid
+        check_dropout_p(dropout_p)
+    if dropout_p > 0 and k_shape[2] > MAX_DROPOUT_SEQ_LEN:  # rows are at most Tk too
         raise ValueError(
-            f"flash_attention: dropout supports sequences up to {MAX_DROPOUT_SEQ_LEN} tokens, got {k.shape[2]}"
+            f"flash_attention: dropout supports sequences up to {MAX_DROPOUT_SEQ_LEN} tokens, got {k_shape[2]}"
         )
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t, rows in (("q", q, seq_len), ("k", k, k_shape[2]), ("v", v, k_shape[2])):
         # Offsets inside one (batch, head) are 32-bit in the kernels; batch and head offsets are 64-bit.
-        if (t.shape[2] - 1) * t.stride(2) + (head_dim - 1) * t.stride(3) >= 2**31:
+        _, _, stride_t, stride_d = t.stride()
+        if (rows - 1) * stride_t + (head_dim - 1) * stride_d >= 2**31:
             raise ValueError(f"flash_attention: {name} spans more than 2³¹ elements within one head")
 
 
@@ -244,18 +253,12 @@ def _kernel_masks(
     schedule_tiles: list[int] | None,
 ) -> tuple[FlashMask, dict]:
     """The masks as the launches take them, and the tuned_config arguments (Tk; tiles that fit the blocks)."""
+    if window_size is None and document_ids is None and block_mask is None:  # the common case, on every call
+        return NO_MASKS, {"seq_len_k": k.shape[2], "block_size": None}
     masks = FlashMask.from_operator_args(
         q.shape[2], k.shape[2], window_size, document_ids, block_mask, block_size, schedule, schedule_tiles
     )
     return masks, {"seq_len_k": k.shape[2], "block_size": block_size if block_mask is not None else None}
-
-
-def _backward_schedule(q: Tensor, params: AttentionParams, seq_len_k: int) -> str:
-    hopper = q.is_cuda and is_hopper(q.device)
-    return backward_schedule(
-        q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, seq_len_k,
-        interpreting=interpreting(), hopper=hopper,
-    )  # fmt: skip
 
 
 def dq_reduce(q: Tensor) -> str:
@@ -272,11 +275,19 @@ def _draw_rng_state() -> Tensor:
 def _params(
     causal: bool, dropout_p: float, softmax_scale: float | None, head_dim: int, rng_state: Tensor | None
 ) -> AttentionParams:
-    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
     if rng_state is None or dropout_p == 0:
-        return AttentionParams(causal, dropout_p, scale)
+        return _params_without_dropout_draw(causal, dropout_p, softmax_scale, head_dim)
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
     seed, offset = rng_state.tolist()
     return AttentionParams(causal, dropout_p, scale, seed, offset)
+
+
+@functools.lru_cache(maxsize=256)  # the same few per model: one object, its kernel scalars computed once
+def _params_without_dropout_draw(
+    causal: bool, dropout_p: float, softmax_scale: float | None, head_dim: int
+) -> AttentionParams:
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    return AttentionParams(causal, dropout_p, scale)
 
 
 def _pad_head_dim(t: Tensor, native: int) -> Tensor:
@@ -358,7 +369,8 @@ def _backward_kernels(
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if deterministic or _backward_schedule(q, params, k.shape[2]) == "split":
+    if deterministic or backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout,
+                                              k.shape[2]) == "split":  # fmt: skip
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
         launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o, dlse=dlse)

@@ -22,7 +22,7 @@ from .flash_bwd import (
 )
 from .flash_fwd import flash_fwd_kernel
 from .tile_schedule import FlashMask, TileKey, tile_key
-from .tuning import MIN_TILE, LaunchConfig, launch_config
+from .tuning import MIN_TILE, LaunchConfig, backward_schedule, launch_config
 
 LOG2E = math.log2(math.e)
 PREPROCESS_BLOCK_M = 128
@@ -69,6 +69,7 @@ class AttentionParams:
     def dropout(self) -> bool:
         return self.dropout_p > 0
 
+    @functools.cached_property
     def scalars(self) -> tuple:
         """(qk_scale, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale) as the kernels take them.
 
@@ -138,6 +139,16 @@ def tuned_config(
     """`config_for` q and keys of length seq_len_k (default Tq)."""
     seq_len_k = q.shape[2] if seq_len_k is None else seq_len_k
     return config_for(kernel_pass, q.shape[-1], q.dtype, q.device, params.causal, params.dropout, seq_len_k, block_size)
+
+
+@functools.lru_cache(maxsize=1024)
+def backward_schedule_for(
+    head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool, dropout: bool, seq_len_k: int
+) -> str:
+    """`tuning.backward_schedule` ("fused" or "split") for queries of head_dim and dtype on device."""
+    hopper = device.type == "cuda" and is_hopper(device)
+    return backward_schedule(head_dim, dtype_name(dtype), causal, dropout, seq_len_k, interpreting=interpreting(),
+                             hopper=hopper)  # fmt: skip
 
 
 @torch.compiler.assume_constant_result
@@ -244,7 +255,7 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
     tma = _use_tma(cfg, k, v)
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
-    qk_scale, *rng = params.scalars()
+    qk_scale, *rng = params.scalars
     _launch(
         flash_fwd_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
@@ -301,7 +312,7 @@ def launch_dkdv(
     _launch(
         flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
+        heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars,
         *_mask_args(masks, cfg, "bwd_fused" if dq_reduce != "none" else "bwd_dkdv"),
         DENSE=not masks.any and seq_len_q == seq_len_k, DQ_REDUCE=dq_reduce, TMA=tma,
         **_flags(q, params, cfg, masks),
@@ -335,7 +346,7 @@ def launch_dq(
     _launch(
         flash_bwd_dq_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *o_strides,
-        heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars(),
+        heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars,
         *_mask_args(masks, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, FUSED_DELTA=o is not None, TMA=tma,
         **_flags(q, params, cfg, masks),
     )  # fmt: skip

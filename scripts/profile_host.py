@@ -95,7 +95,7 @@ def main() -> None:
         launch.launch_dkdv(qd, kd, vd, grad_out, lse, delta, dk, dv, params, cfg_dkdv)
 
     def dq_key() -> None:
-        launch._fast_launcher(launch.flash_bwd_dq_kernel)._key((qd, kd, vd) * 20, {"A": 1})
+        launch._fast_launcher(launch.flash_bwd_dq_kernel).key(0, (qd, kd, vd) * 20, {"A": 1})
 
     stages = {
         "flash fwd, no grad": flash_fwd_nograd,
