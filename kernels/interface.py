@@ -235,6 +235,7 @@ def _check_prebuilt(mask: FlashMask, q: Tensor, k: Tensor, backward: bool) -> No
             f"and k Tk={k.shape[2]}"
         )
     _check_masks(q, k, mask.window_size, mask.document_ids, mask.block_mask, mask.block_size)
+    mask.check_schedule("flash_attention")
     if backward and mask.schedule is not None and mask.passes != PASSES:
         raise ValueError(
             f"flash_attention: mask was built for the passes {', '.join(mask.passes)} only (flash_mask with "
@@ -251,14 +252,18 @@ def _kernel_masks(
     block_size: int,
     schedule: Tensor | None,
     schedule_tiles: list[int] | None,
-) -> tuple[FlashMask, dict]:
-    """The masks as the launches take them, and the tuned_config arguments (Tk; tiles that fit the blocks)."""
+) -> FlashMask:
+    """The operators' mask arguments as the launches take them."""
     if window_size is None and document_ids is None and block_mask is None:  # the common case, on every call
-        return NO_MASKS, {"seq_len_k": k.shape[2], "block_size": None}
-    masks = FlashMask.from_operator_args(
+        return NO_MASKS
+    return FlashMask.from_operator_args(
         q.shape[2], k.shape[2], window_size, document_ids, block_mask, block_size, schedule, schedule_tiles
     )
-    return masks, {"seq_len_k": k.shape[2], "block_size": block_size if block_mask is not None else None}
+
+
+def _fit(k: Tensor, masks: FlashMask) -> dict:
+    """tuned_config's arguments besides the pass: Tk, and the block size that tiles must fit."""
+    return {"seq_len_k": k.shape[2], "block_size": masks.block_size if masks.block_mask is not None else None}
 
 
 def dq_reduce(q: Tensor) -> str:
@@ -317,15 +322,29 @@ def _forward(
 ) -> tuple[Tensor, Tensor]:
     """o (B, H, Tq, D) and lse (B, H, Tq) fp32. Inputs are assumed checked (`flash_attention` does that).
     `deterministic` is for the backward (bit-identical gradients from run to run)."""
+    masks = _kernel_masks(q, k, window_size, document_ids, block_mask, block_size, schedule, schedule_tiles)
+    return _attention_forward(q, k, v, rng_state, causal, dropout_p, softmax_scale, masks)
+
+
+def _attention_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rng_state: Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    softmax_scale: float | None,
+    masks: FlashMask,
+) -> tuple[Tensor, Tensor]:
+    """`_forward` with its masks as one FlashMask."""
     batch, heads, seq_len, head_dim = q.shape
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
-    masks, fit = _kernel_masks(q, k, window_size, document_ids, block_mask, block_size, schedule, schedule_tiles)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v = (_pad_head_dim(t, native) for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
-    launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **fit), masks)
+    launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)
     return (o[..., :head_dim] if native != head_dim else o), lse
 
 
@@ -361,9 +380,30 @@ def _backward_kernels(
     deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv from the output gradient `do` and, if not None, the log-sum-exp gradient `dlse`."""
+    masks = _kernel_masks(q, k, window_size, document_ids, block_mask, block_size, schedule, schedule_tiles)
+    return _attention_backward(do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale, masks,
+                               deterministic)  # fmt: skip
+
+
+def _attention_backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    rng_state: Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    softmax_scale: float | None,
+    masks: FlashMask,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`_backward_kernels` with its masks as one FlashMask."""
     head_dim = q.shape[-1]
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
-    masks, fit = _kernel_masks(q, k, window_size, document_ids, block_mask, block_size, schedule, schedule_tiles)
+    fit = _fit(k, masks)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
@@ -442,7 +482,8 @@ def _plain_eager(t: Tensor) -> bool:
 
 
 class _EagerFlashAttention(torch.autograd.Function):
-    """The operators' forward and backward called directly, without the dispatcher.
+    """The operators' forward and backward bodies called directly, without the dispatcher, with the masks as the
+    FlashMask they already are (the operators take them apart and put them together again on every call).
 
     In eager mode `torch.library`'s per-call machinery (schema defaults, redispatch, the compiler-disable
     wrapper) costs more host time than everything else in a call together: with the kernel launches stubbed
@@ -452,12 +493,26 @@ class _EagerFlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, options: tuple):
         # Everything but q, k, v travels as one tuple: autograd's per-input bookkeeping costs host time per argument.
-        inputs = (q, k, v, *options)
-        o, lse = _forward(*inputs)
-        _setup_context(ctx, inputs, (o, lse))
+        # options: (rng_state, causal, dropout_p, softmax_scale, masks: FlashMask, deterministic)
+        o, lse = _attention_forward(q, k, v, *options[:5])
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.options = options
+        ctx.set_materialize_grads(False)  # an unused lse then arrives as None, not as zeros to subtract
         return o, lse
 
-    backward = staticmethod(_backward)
+    @staticmethod
+    def backward(ctx, do: Tensor | None, dlse: Tensor | None) -> tuple:
+        q, k, v, o, lse = ctx.saved_tensors
+        rng_state, causal, dropout_p, softmax_scale, masks, deterministic = ctx.options
+        if do is None:  # only the log-sum-exp was used
+            do = torch.zeros_like(o)
+        args = (do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale)
+        if torch.is_grad_enabled() or not _plain_eager(do):
+            # With create_graph the gradients come from the operator, whose own backward refuses a second derivative.
+            dq, dk, dv = flash_attention_backward(*args, *masks.operator_args(), deterministic)
+        else:
+            dq, dk, dv = _attention_backward(*args, masks, deterministic)
+        return dq, dk, dv, None
 
 
 def flash_attention(
@@ -514,16 +569,20 @@ def flash_attention(
         if document_ids is not None or block_mask is not None:  # built once for the forward and the backward
             mask = _build_mask(q.shape[2], k.shape[2], q.shape[-1], q.dtype, causal, dropout_p, window_size,
                                document_ids, block_mask, block_size, backward)  # fmt: skip
-    masks = (window_size, document_ids, block_mask, block_size, None, None) if mask is None else mask.operator_args()
     rng_state = _draw_rng_state() if dropout_p > 0 else None
     scale = None if softmax_scale is None else float(softmax_scale)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     elif not isinstance(deterministic, bool):
         raise TypeError(f"flash_attention: deterministic must be a bool or None, got {deterministic!r}")
-    options = (rng_state, causal, float(dropout_p), scale, *masks, deterministic)
     if _plain_eager(q):
+        if mask is None:  # no masks or a window: nothing to schedule
+            mask = _kernel_masks(q, k, window_size, None, None, block_size, None, None)
+        options = (rng_state, causal, float(dropout_p), scale, mask, deterministic)
         o, lse = _EagerFlashAttention.apply(q, k, v, options)
     else:
-        o, lse = flash_attention_forward(q, k, v, *options)
+        masks = (
+            (window_size, document_ids, block_mask, block_size, None, None) if mask is None else mask.operator_args()
+        )
+        o, lse = flash_attention_forward(q, k, v, rng_state, causal, float(dropout_p), scale, *masks, deterministic)
     return (o, lse) if return_lse else o

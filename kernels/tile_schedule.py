@@ -21,8 +21,9 @@ them into one int32 tensor: the `torch.library` operators take it as a tensor ar
 of ints, so they run no schedule operation themselves and a compiled model builds the schedule once per forward.
 """
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,37 @@ def describe_tiles(tiles: tuple[TileKey, ...]) -> str:
 def effective_window(window_size: int | None, seq_len_k: int) -> int | None:
     """A window of Tk or more keys masks nothing, so it is dropped (which also keeps p ± W within int32)."""
     return None if window_size is not None and window_size >= seq_len_k else window_size
+
+
+View = tuple[tuple[int, ...], tuple[int, ...], int]  # (shape, strides, offset) of one tensor in a schedule
+
+
+@functools.lru_cache(maxsize=256)
+def schedule_layout(
+    seq_len_q: int, seq_len_k: int, id_rows: int | None, mask_heads: int | None, tiles: tuple[TileKey, ...]
+) -> tuple[dict[TileKey, tuple[View, ...]], int]:
+    """Where each tiling's tensors lie in a schedule, and its total length: documents' ranges (id_rows, row tiles,
+    4) if there are document ids (of id_rows rows), then kept-tile counts (heads, row tiles) and indices (heads,
+    row tiles, column tiles) if there is a block mask (of mask_heads heads). Pure integers, so computed once per
+    shape rather than in every pass of every call."""
+    layout: dict[TileKey, tuple[View, ...]] = {}
+    offset = 0
+    for key in tiles:
+        rows, row_tile, col_tile = key
+        n_rows, n_cols = (seq_len_q, seq_len_k) if rows == "queries" else (seq_len_k, seq_len_q)
+        n_row_tiles, n_col_tiles = _cdiv(n_rows, row_tile), _cdiv(n_cols, col_tile)
+        shapes: list[tuple[int, ...]] = []
+        if id_rows is not None:
+            shapes.append((id_rows, n_row_tiles, 4))
+        if mask_heads is not None:
+            shapes += [(mask_heads, n_row_tiles), (mask_heads, n_row_tiles, n_col_tiles)]
+        views = []
+        for shape in shapes:
+            strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+            views.append((shape, strides, offset))
+            offset += _aligned_size(shape)
+        layout[key] = tuple(views)
+    return layout, offset
 
 
 def _document_spans(row_ids: Tensor, col_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -160,6 +192,8 @@ class FlashMask:
     schedule: Tensor | None = None
     tiles: tuple[TileKey, ...] = ()
     passes: tuple[str, ...] = ()
+    # Each tiling's views, made on first use: a mask built once per batch serves every layer's passes.
+    _views: dict[TileKey, "TileSchedule"] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def build(
@@ -242,15 +276,25 @@ class FlashMask:
         block_mask = block_mask.contiguous() if block_mask is not None else None
         mask = cls(seq_len_q, seq_len_k, effective_window(window_size, seq_len_k), document_ids, block_mask,
                    block_size, schedule, tiles)  # fmt: skip
-        if document_ids is None and block_mask is None:
-            return mask
-        caller = "flashgpt::flash_attention operators"
+        mask.check_schedule("flashgpt::flash_attention operators")
+        return mask
+
+    def check_schedule(self, caller: str) -> None:
+        """With document ids or a block mask, the schedule holds exactly what its tilings need (so a schedule built
+        for other shapes fails here rather than being misread)."""
+        if self.document_ids is None and self.block_mask is None:
+            return
+        if (self.document_ids is not None and self.document_ids.stride(-1) != 1) or (
+            self.block_mask is not None and not self.block_mask.is_contiguous()
+        ):
+            raise ValueError(f"{caller}: a FlashMask's document_ids need unit stride and its block_mask contiguity")
+        schedule, tiles = self.schedule, self.tiles
         if schedule is None or not tiles:
             raise ValueError(
                 f"{caller}: document_ids and block_mask need their tile schedule (schedule and schedule_tiles, "
                 "e.g. from flash_mask(...).operator_args())"
             )
-        expected = sum(_aligned_size(shape) for key in tiles for shape in mask._shapes(key))
+        expected = self._layout()[1]
         if (
             schedule.dtype != torch.int32
             or schedule.dim() != 1
@@ -262,7 +306,6 @@ class FlashMask:
                 f"an int32 vector of {expected} entries for the tiles {describe_tiles(tiles)}: it was built for "
                 "other masks or shapes"
             )
-        return mask
 
     @property
     def any(self) -> bool:
@@ -272,18 +315,10 @@ class FlashMask:
         """Whether every tile lies inside one block, so the block mask keeps or drops it whole."""
         return self.block_size % row_tile == 0 and self.block_size % col_tile == 0
 
-    def _shapes(self, key: TileKey) -> list[tuple[int, ...]]:
-        """The shapes of one tiling's tensors, in their order in the schedule."""
-        rows, row_tile, col_tile = key
-        n_rows, n_cols = (self.seq_len_q, self.seq_len_k) if rows == "queries" else (self.seq_len_k, self.seq_len_q)
-        n_row_tiles, n_col_tiles = _cdiv(n_rows, row_tile), _cdiv(n_cols, col_tile)
-        shapes: list[tuple[int, ...]] = []
-        if self.document_ids is not None:
-            shapes.append((self.document_ids.shape[0], n_row_tiles, 4))
-        if self.block_mask is not None:
-            heads = self.block_mask.shape[0]
-            shapes += [(heads, n_row_tiles), (heads, n_row_tiles, n_col_tiles)]
-        return shapes
+    def _layout(self) -> tuple[dict[TileKey, tuple[View, ...]], int]:
+        id_rows = self.document_ids.shape[0] if self.document_ids is not None else None
+        mask_heads = self.block_mask.shape[0] if self.block_mask is not None else None
+        return schedule_layout(self.seq_len_q, self.seq_len_k, id_rows, mask_heads, self.tiles)
 
     def tile_schedule(self, kernel_pass: str, cfg: LaunchConfig) -> TileSchedule:
         """The schedule of the tiling `kernel_pass` walks with `cfg`, as views into `schedule`."""
@@ -294,15 +329,13 @@ class FlashMask:
                 f"mask's schedule holds {describe_tiles(self.tiles)}: build the mask (flash_mask) for this call's "
                 "head dim, dtype, causal and dropout_p"
             )
-        offset = sum(
-            _aligned_size(shape) for other in self.tiles[: self.tiles.index(key)] for shape in self._shapes(other)
-        )
-        views = []
-        for shape in self._shapes(key):
-            # One operator per view (a slice and a view would be two): this runs in every pass of every call.
-            strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-            views.append(self.schedule.as_strided(shape, strides, self.schedule.storage_offset() + offset))
-            offset += _aligned_size(shape)
+        if key in self._views:
+            return self._views[key]
+        base = self.schedule.storage_offset()
+        # One operator per view (a slice and a view would be two): this runs in every pass of every call.
+        views = [self.schedule.as_strided(shape, strides, base + offset) for shape, strides, offset in
+                 self._layout()[0][key]]  # fmt: skip
         ranges = views.pop(0) if self.document_ids is not None else None
         counts, indices = views if self.block_mask is not None else (None, None)
-        return TileSchedule(ranges, counts, indices)
+        schedule = self._views[key] = TileSchedule(ranges, counts, indices)
+        return schedule

@@ -38,6 +38,38 @@ def per_call_us(step: Callable[[], object], calls: int) -> float:
     return elapsed / calls * 1e6
 
 
+def inside_autograd(step: Callable[[], object], calls: int) -> str:
+    """Where a real fwd + autograd.grad spends its host time: the forward's and backward's operator bodies timed in
+    place (the backward runs on autograd's device thread), and the whole step with the kernel launches stubbed."""
+    spent = {"_forward": 0.0, "_backward_kernels": 0.0}
+    originals = {name: getattr(interface, name) for name in spent}
+
+    def timed(name: str) -> Callable:
+        def run(*args):
+            start = time.perf_counter()
+            result = originals[name](*args)
+            spent[name] += time.perf_counter() - start
+            return result
+
+        return run
+
+    for name in spent:
+        setattr(interface, name, timed(name))
+    try:
+        total = per_call_us(step, calls)
+    finally:
+        for name, original in originals.items():
+            setattr(interface, name, original)
+    launch_fn = launch._launch
+    launch._launch = lambda *args, **kwargs: None
+    try:
+        stubbed = per_call_us(step, calls)
+    finally:
+        launch._launch = launch_fn
+    bodies = ", ".join(f"{name} {seconds / (calls + 50) * 1e6:.1f} us" for name, seconds in spent.items())
+    return f"inside fwd + autograd.grad ({total:.1f} us): {bodies}; launches stubbed: {stubbed:.1f} us"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300)
@@ -110,6 +142,7 @@ def main() -> None:
     }
     for name, step in stages.items():
         lines.append(f"{name:>28}: {per_call_us(step, args.calls):7.1f} us")
+    lines.append(inside_autograd(flash_fwd_bwd, args.calls))
     for kernel in (launch.flash_fwd_kernel, launch.flash_bwd_dq_kernel, launch.flash_bwd_dkdv_kernel):
         lines.append(f"launcher entries {kernel.fn.__name__}: {len(launch._fast_launcher(kernel)._entries)}")
 

@@ -2,9 +2,14 @@
 
 A launch configuration with `tma=True` streams the tiles of the inner loop (K and V in the forward and the dQ pass,
 Q and dO in the dK/dV pass) through tensor descriptors, whose bounds zero-fill the rows past the sequence where
-the pointer loads mask them. The products are then the same, so every output must equal the pointer kernel's
-bit for bit; the pointer kernels themselves are checked against the float64 reference elsewhere. Ragged tiles
+the pointer loads mask them. The products are then the same, so every output must be the pointer kernel's; the
+pointer kernels themselves are checked against the float64 reference elsewhere. Ragged tiles
 (77, 101 rows), Tq < Tk, every mask, dropout, and the fused backward's dQ atomics.
+
+"The same" is up to the rounding of one tile product: the interpreter computes tl.dot with NumPy's BLAS, which
+picks its kernel (and so its summation order) by the operands' memory layout, and a descriptor load returns its
+tile in another layout than a pointer gather does. That moves a product by a few float32 ulps (~1e-6 here),
+while a wrong or misplaced tile moves it by the size of the values (~1e-1).
 """
 
 from dataclasses import replace
@@ -52,11 +57,10 @@ def test_tma_loads_equal_pointer_loads(seq_len_q, seq_len_k, mask, dropout_p, se
     pointers = run_passes(q, k, v, do, kernel_mask, params, tma=False)
     descriptors = run_passes(q, k, v, do, kernel_mask, params, tma=True)
     for name, want in pointers.items():
-        got = descriptors[name]
-        if name.startswith("fused dq"):  # element-wise atomics: the summation order may differ
-            assert torch.allclose(got, want, rtol=1e-6, atol=1e-6), f"{name} ({mask}, seed {seed})"
-        else:
-            assert torch.equal(got, want), f"{name}: TMA and pointer loads differ ({mask}, seed {seed})"
+        # Element-wise atomics (fused dq) add in any order; BLAS rounds by layout (see the module docstring).
+        torch.testing.assert_close(
+            descriptors[name], want, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name} ({mask}, seed {seed}): {m}"
+        )
 
 
 def test_tma_falls_back_to_pointers_for_a_strided_head_dim(seed):
