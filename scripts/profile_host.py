@@ -41,7 +41,7 @@ def per_call_us(step: Callable[[], object], calls: int) -> float:
 def inside_autograd(step: Callable[[], object], calls: int) -> str:
     """Where a real fwd + autograd.grad spends its host time: the forward's and backward's operator bodies timed in
     place (the backward runs on autograd's device thread), and the whole step with the kernel launches stubbed."""
-    spent = {"_forward": 0.0, "_backward_kernels": 0.0}
+    spent = {"_attention_forward": 0.0, "_attention_backward": 0.0}
     originals = {name: getattr(interface, name) for name in spent}
 
     def timed(name: str) -> Callable:
