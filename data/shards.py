@@ -34,7 +34,7 @@ from flashgpt.data.config import DataConfig, prepare_command
 from flashgpt.data.integrity import ShardError, changed_inputs, check_files, fingerprint_inputs, record_files
 from flashgpt.data.sources import Document, local_input_files, open_corpus, source_identity
 from flashgpt.data.tokenizer import EOT_ID, TOKENIZER_NAME, VOCAB_SIZE, get_tokenizer
-from flashgpt.leftovers import make_temp_dir, remove_if_abandoned
+from flashgpt.temporary_files import make_temp_dir, remove_if_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def prepare_shards(cfg: DataConfig, *, force: bool = False) -> Path:
 
 def remove_abandoned_staging(cache_dir: Path) -> list[Path]:
     """Delete the staging and retired folders of shard folders in `cache_dir` whose writer was killed (a live
-    writer's are kept; see flashgpt/leftovers.py); returns what was deleted."""
+    writer's are kept; see flashgpt/temporary_files.py); returns what was deleted."""
     if not cache_dir.is_dir():
         return []
     removed = []

@@ -19,7 +19,7 @@ P and Z are recomputed tile by tile from Q, K, the LSE and the dropout seed. Two
   query tile accumulates its dQ over key tiles and stores δ (FUSED_DELTA); then one program per key tile
   accumulates its dK and dV over query tiles. The price is recomputing S and dP (and the dropout mask) in both.
 
-Masks (see `masks.py`) bound the loops exactly as in the forward: the dK/dV program of a key tile visits only the
+Masks (see `tile_ranges.py`) bound the loops exactly as in the forward: the dK/dV program of a key tile visits only the
 query tiles that can see it. A masked element has P = 0, so it adds nothing to any sum; a query row that saw no
 key (LSE = −inf, O = 0, δ = 0) is masked in every tile it meets, so its gradients are exactly 0.
 """
@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
-from .masks import (
+from .tile_ranges import (
     block_visible,
     intersect_ranges,
     key_range,
@@ -396,29 +396,32 @@ def _dkdv_query_range(
         if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
             fast_lo = start
             fast_hi = start
-        run_0 = lower_bound(kept, n_kept, start // BLOCK_M)
-        run_1 = lower_bound(kept, n_kept, fast_lo // BLOCK_M)
-        run_2 = lower_bound(kept, n_kept, fast_hi // BLOCK_M)
-        run_3 = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_M))
+        head_start = lower_bound(kept, n_kept, start // BLOCK_M)
+        fast_start = lower_bound(kept, n_kept, fast_lo // BLOCK_M)
+        tail_start = lower_bound(kept, n_kept, fast_hi // BLOCK_M)
+        tail_end = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_M))
     else:
-        run_0, run_1, run_2, run_3 = start, fast_lo, fast_hi, end
+        head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
     dk, dv = _dkdv_tiles(
         dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
-        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_0, run_1, seq_len_q, seq_len_k,
-        window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, head_start, fast_start, seq_len_q,
+        seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
+        BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+        TMA,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
         dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
-        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_1, run_2, seq_len_q, seq_len_k,
-        window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, fast_start, tail_start, seq_len_q,
+        seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
+        BLOCK_N, False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
+        DQ_REDUCE, TMA,
     )  # fmt: skip
     dk, dv = _dkdv_tiles(
         dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
-        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, run_2, run_3, seq_len_q, seq_len_k,
-        window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, tail_start, tail_end, seq_len_q,
+        seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
+        BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+        TMA,
     )  # fmt: skip
     return dk, dv
 
@@ -467,9 +470,9 @@ def _dkdv_dense(
         band_hi = tl.minimum(start_n + BLOCK_N, seq_len)
         dk, dv = _dkdv_tiles(
             dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
-            stride_dot, stride_dod, offs_n, offs_d, start_n, start_n, band_hi, seq_len, seq_len, 0, qk_scale, bh,
-            seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL,
-            False, False, False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            stride_dot, stride_dod, offs_n, offs_d, start_n, start_n, band_hi, seq_len, seq_len, 0, qk_scale, bh, seed,
+            offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL, False,
+            False, False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
         bulk_lo = start_n + BLOCK_N
     else:
@@ -886,30 +889,30 @@ def _dq_key_range(
         if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
             fast_lo = start
             fast_hi = start
-        run_0 = lower_bound(kept, n_kept, start // BLOCK_N)
-        run_1 = lower_bound(kept, n_kept, fast_lo // BLOCK_N)
-        run_2 = lower_bound(kept, n_kept, fast_hi // BLOCK_N)
-        run_3 = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_N))
+        head_start = lower_bound(kept, n_kept, start // BLOCK_N)
+        fast_start = lower_bound(kept, n_kept, fast_lo // BLOCK_N)
+        tail_start = lower_bound(kept, n_kept, fast_hi // BLOCK_N)
+        tail_end = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_N))
     else:
-        run_0, run_1, run_2, run_3 = start, fast_lo, fast_hi, end
+        head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
     if EXTRA_MASKS:  # causal masking alone has no leading masked run (see the forward)
         dq = _dq_tiles(
             dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept,
-            stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_0, run_1, seq_len_q, seq_len_k,
-            window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
-            BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+            stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, head_start, fast_start, seq_len_q, seq_len_k,
+            window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
+            True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
         )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
-        stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_1, run_2, seq_len_q, seq_len_k, window_size, qk_scale,
-        bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, SPARSE, CAUSAL,
-        WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        stride_kd, stride_vt, stride_vd, offs_m, offs_d, fast_start, tail_start, seq_len_q, seq_len_k, window_size,
+        qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, SPARSE,
+        CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     dq = _dq_tiles(
         dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
-        stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_2, run_3, seq_len_q, seq_len_k, window_size, qk_scale,
-        bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL,
-        WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        stride_kd, stride_vt, stride_vd, offs_m, offs_d, tail_start, tail_end, seq_len_q, seq_len_k, window_size,
+        qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, SPARSE,
+        CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     return dq
 

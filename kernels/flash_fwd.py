@@ -13,7 +13,7 @@ keeping an online softmax in registers. In base 2 (log2(e) is folded into the sc
 At the end O = acc / l / (1 − p_drop) and LSE = (m + log2 l)·ln 2, the natural log-sum-exp of each row of the
 scaled scores, which is all the backward needs to rebuild the probabilities: P = exp(S·scale − LSE).
 
-Masks (see `masks.py`) only change which key tiles a program visits and which of them apply the elementwise mask.
+Masks (see `tile_ranges.py`) only change which key tiles a program visits and which of them apply the elementwise mask.
 A row can see nothing in a tile while its running max is still −inf (a window or document starts further right, or
 a block-sparse row is empty). With EXTRA_MASKS (a window, documents or a block mask given) the kernel then
 subtracts 0 instead of −inf, so such rows add exp2(−inf) = 0, and a row that sees no key at all ends with l = 0,
@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
-from .masks import block_visible, intersect_ranges, key_range, load_ranges, lower_bound, split_tiles, visible
+from .tile_ranges import block_visible, intersect_ranges, key_range, load_ranges, lower_bound, split_tiles, visible
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -264,30 +264,30 @@ def _forward_key_range(
             fast_lo = start
             fast_hi = start
         # Positions in the ascending list where the runs start and end.
-        run_0 = lower_bound(kept, n_kept, start // BLOCK_N)
-        run_1 = lower_bound(kept, n_kept, fast_lo // BLOCK_N)
-        run_2 = lower_bound(kept, n_kept, fast_hi // BLOCK_N)
-        run_3 = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_N))
+        head_start = lower_bound(kept, n_kept, start // BLOCK_N)
+        fast_start = lower_bound(kept, n_kept, fast_lo // BLOCK_N)
+        tail_start = lower_bound(kept, n_kept, fast_hi // BLOCK_N)
+        tail_end = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_N))
     else:
-        run_0, run_1, run_2, run_3 = start, fast_lo, fast_hi, end
+        head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
     if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
         acc, l_i, m_i = _forward_tiles(
             acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt,
-            stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_0, run_1, seq_len_q, seq_len_k, window_size,
+            stride_kd, stride_vt, stride_vd, offs_m, offs_d, head_start, fast_start, seq_len_q, seq_len_k, window_size,
             qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL,
             WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
         )  # fmt: skip
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt,
-        stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_1, run_2, seq_len_q, seq_len_k, window_size, qk_scale,
-        bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, False, SPARSE, CAUSAL, WINDOW, DOCS,
-        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt, stride_kd,
+        stride_vt, stride_vd, offs_m, offs_d, fast_start, tail_start, seq_len_q, seq_len_k, window_size, qk_scale, bh,
+        seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER,
+        SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt,
-        stride_kd, stride_vt, stride_vd, offs_m, offs_d, run_2, run_3, seq_len_q, seq_len_k, window_size, qk_scale,
-        bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS,
-        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt, stride_kd,
+        stride_vt, stride_vd, offs_m, offs_d, tail_start, tail_end, seq_len_q, seq_len_k, window_size, qk_scale, bh,
+        seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER,
+        SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     return acc, l_i, m_i
 

@@ -1,7 +1,7 @@
 """Kernel launches: grids, strides and scalars for each pass, given a launch configuration.
 
-`interface.py` calls these with the tuned configurations; `scripts/tune_attention.py` calls them with
-candidates. Inputs are assumed valid (checked once in `interface.py`).
+`attention_op.py` calls these with the tuned configurations; `scripts/tune_attention.py` calls them with
+candidates. Inputs are assumed valid (checked once in `attention_op.py`).
 """
 
 import functools

@@ -1,7 +1,7 @@
 """Tile schedules for the data-dependent masks, built once per batch and shared by every pass of every layer.
 
 Causal and window masks are functions of the tile's coordinates, so the kernels derive their loop bounds from
-scalars (`masks.py`). Document ids and block masks are data. A pass whose programs own a tile of rows (queries, or
+scalars (`tile_ranges.py`). Document ids and block masks are data. A pass whose programs own a tile of rows (queries, or
 keys for the passes in KEY_ROW_PASSES) and walk tiles of columns reads, for its tiling (rows, row tile, column
 tile) and per row tile:
 
@@ -173,7 +173,7 @@ class TileSchedule:
 
 @dataclass(frozen=True, eq=False)
 class FlashMask:
-    """The masks of one batch and their tile schedules for the tilings in `tiles`, which `interface.flash_mask`
+    """The masks of one batch and their tile schedules for the tilings in `tiles`, which `attention_op.flash_mask`
     builds for the tiles the passes launch with. Pass it to every call with these masks: `flash_attention(q, k, v,
     mask=...)`; the operators get it back from `operator_args`.
 

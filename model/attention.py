@@ -6,7 +6,7 @@ Attention dropout is applied by the backend itself (inside the kernel for flash 
 dropout_p=0 in eval mode.
 
 What each query may see is one `AttentionMask`: causal (bottom-right aligned when Tq < Tk: the last query is the
-last key), a sliding window, document ids and a block-sparse block mask, combined by AND. `flashgpt.model.masks`
+last key), a sliding window, document ids and a block-sparse block mask, combined by AND. `flashgpt.attention_masks`
 defines them; naive and sdpa apply them as its dense boolean mask, so every backend computes the same thing and
 comparisons between them are like for like. flash hands them to the kernel, which skips the tiles they remove.
 """
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from flashgpt.model.masks import dense_mask
+from flashgpt.attention_masks import dense_mask
 from flashgpt.model.sparsity import (
     BlockSparseConfig,
     block_density,
@@ -49,7 +49,7 @@ class AttentionConfig:
 
 @dataclass(frozen=True, eq=False)
 class AttentionMask:
-    """What each query of one call may see; the semantics are those of `flashgpt.model.masks.dense_mask`."""
+    """What each query of one call may see; the semantics are those of `flashgpt.attention_masks.dense_mask`."""
 
     causal: bool = True
     window_size: int | None = None
@@ -238,7 +238,7 @@ def check_head_dim(name: str, head_dim: int) -> None:
     rather than at the first training step. For flash this imports the kernel: call it after prepare_backend."""
     if name != "flash":
         return
-    from flashgpt.kernels.interface import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, NATIVE_HEAD_DIMS
+    from flashgpt.kernels.attention_op import HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, NATIVE_HEAD_DIMS
 
     if head_dim % HEAD_DIM_MULTIPLE or not NATIVE_HEAD_DIMS[0] <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(

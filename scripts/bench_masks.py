@@ -50,7 +50,7 @@ from torch import Tensor
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flashgpt.model.masks import dense_mask  # noqa: E402  (pure torch: safe before TRITON_INTERPRET is set)
+from flashgpt.attention_masks import dense_mask  # noqa: E402  (pure torch: safe before TRITON_INTERPRET is set)
 from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask  # noqa: E402
 
 MASKS = ("dense", "window_1k", "window_4k", "documents", "local_global", "strided", "butterfly")

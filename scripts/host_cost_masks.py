@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_masks import mixed_documents
 
 import flashgpt.kernels
-from flashgpt.kernels import flash_attention, interface, launch
+from flashgpt.kernels import attention_op, flash_attention, launch
 from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask
 
 # Operators that only make a tensor's metadata or allocate memory: no kernel launch on a GPU.
@@ -76,10 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args(argv)
     launch._launch = lambda *a, **k: None  # no kernel runs: outputs stay uninitialised, never read
-    launch.interpreting = lambda: False  # tiles as on a (non-Hopper) GPU; interface's own CPU check still passes
+    launch.interpreting = lambda: False  # tiles as on a (non-Hopper) GPU; attention_op's own CPU check still passes
     # The eager path, as in a plain call: an active dispatch mode would otherwise route the call through the
     # operators, whose insides the mode does not see.
-    interface._plain_eager = lambda t: True
+    attention_op._plain_eager = lambda t: True
     torch.set_num_threads(1)
 
     batch, heads, seq_len, head_dim = args.batch, args.heads, args.seq_len, args.head_dim

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashgpt.kernels import flash_attention, interface, launch
+from flashgpt.kernels import attention_op, flash_attention, launch
 
 SHAPE = (1, 2, 128, 64)
 
@@ -42,7 +42,7 @@ def inside_autograd(step: Callable[[], object], calls: int) -> str:
     """Where a real fwd + autograd.grad spends its host time: the forward's and backward's operator bodies timed in
     place (the backward runs on autograd's device thread), and the whole step with the kernel launches stubbed."""
     spent = {"_attention_forward": 0.0, "_attention_backward": 0.0}
-    originals = {name: getattr(interface, name) for name in spent}
+    originals = {name: getattr(attention_op, name) for name in spent}
 
     def timed(name: str) -> Callable:
         def run(*args):
@@ -54,12 +54,12 @@ def inside_autograd(step: Callable[[], object], calls: int) -> str:
         return run
 
     for name in spent:
-        setattr(interface, name, timed(name))
+        setattr(attention_op, name, timed(name))
     try:
         total = per_call_us(step, calls)
     finally:
         for name, original in originals.items():
-            setattr(interface, name, original)
+            setattr(attention_op, name, original)
     launch_fn = launch._launch
     launch._launch = lambda *args, **kwargs: None
     try:
@@ -112,9 +112,9 @@ def main() -> None:
     qd, kd, vd = q.detach(), k.detach(), v.detach()
 
     def backward_body() -> None:
-        interface._backward_kernels(grad_out, qd, kd, vd, o, lse, None, None, True, 0.0, None)
+        attention_op._backward_kernels(grad_out, qd, kd, vd, o, lse, None, None, True, 0.0, None)
 
-    params = interface._params(True, 0.0, None, SHAPE[-1], None)
+    params = attention_op._params(True, 0.0, None, SHAPE[-1], None)
     cfg_dq = launch.tuned_config("bwd_dq", qd, params)
     cfg_dkdv = launch.tuned_config("bwd_dkdv", qd, params)
     delta = torch.empty_like(lse)

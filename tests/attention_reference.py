@@ -4,8 +4,8 @@ import math
 
 import torch
 
+from flashgpt.attention_masks import dense_mask
 from flashgpt.kernels.dropout import keep_scale
-from flashgpt.model.masks import dense_mask
 
 
 def reference_attention(q, k, v, visible=None, *, causal: bool = False, scale: float | None = None,

@@ -23,8 +23,8 @@ from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.fetch import kjv_debs
 from flashgpt.data.integrity import ShardError
 from flashgpt.data.shards import shard_dir
-from flashgpt.leftovers import STALE_AFTER_S, owner_prefix
 from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.temporary_files import STALE_AFTER_S, owner_prefix
 from flashgpt.training.checkpoint import (
     LATEST,
     CheckpointError,

@@ -11,8 +11,8 @@ import torch
 from test_kernels import FP32_TOL, make_qkv
 
 from attention_reference import reference_attention, rel_err
-from flashgpt.kernels import flash_attention, interface
-from flashgpt.model.masks import dense_mask
+from flashgpt.attention_masks import dense_mask
+from flashgpt.kernels import attention_op, flash_attention
 
 seed = test_kernels.seed  # the fresh-seed-per-check fixture
 
@@ -82,13 +82,13 @@ def launched(monkeypatch) -> list[str]:
     """The backward launches, by name, of the calls made while the test runs."""
     names: list[str] = []
     for name in ("launch_dq", "launch_dkdv", "launch_preprocess", "launch_dq_convert"):
-        real = getattr(interface, name)
+        real = getattr(attention_op, name)
 
         def record(*args, _real=real, _name=name, **kwargs):
             names.append(_name)
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(interface, name, record)
+        monkeypatch.setattr(attention_op, name, record)
     return names
 
 

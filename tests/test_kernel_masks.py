@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from attention_reference import lse_err, reference_attention, rel_err
+from flashgpt.attention_masks import dense_mask
 from flashgpt.kernels import FlashMask, flash_attention, flash_mask, launch
-from flashgpt.kernels.interface import flash_attention_backward, flash_attention_forward
+from flashgpt.kernels.attention_op import flash_attention_backward, flash_attention_forward
 from flashgpt.kernels.launch import AttentionParams, tuned_config
 from flashgpt.kernels.tuning import LaunchConfig
-from flashgpt.model.masks import dense_mask
 
 FP32_TOL = 1e-5
 LOW_PRECISION_TOL = 2e-2

@@ -13,7 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from attention_reference import reference_attention, rel_err
 from flashgpt.kernels import flash_attention
-from flashgpt.kernels.interface import _draw_rng_state, flash_attention_backward, flash_attention_forward
+from flashgpt.kernels.attention_op import _draw_rng_state, flash_attention_backward, flash_attention_forward
 
 seed = test_kernels.seed  # the fresh-seed-per-check fixture
 

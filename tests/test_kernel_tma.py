@@ -20,7 +20,7 @@ import torch
 from test_kernel_backward import MASKS
 from test_kernels import make_qkv
 
-from flashgpt.kernels import flash_mask, interface, launch
+from flashgpt.kernels import attention_op, flash_mask, launch
 
 seed = test_kernels.seed  # the fresh-seed-per-check fixture
 
@@ -28,7 +28,7 @@ seed = test_kernels.seed  # the fresh-seed-per-check fixture
 def run_passes(q, k, v, do, mask, params, tma: bool) -> dict[str, torch.Tensor]:
     """o, lse and both backwards' gradients, every pass at its interpreter configuration with tma set."""
     fit = {"seq_len_k": k.shape[2], "block_size": mask.block_size if mask.block_mask is not None else None}
-    config = {p: replace(launch.tuned_config(p, q, params, **fit), tma=tma) for p in interface.PASSES}
+    config = {p: replace(launch.tuned_config(p, q, params, **fit), tma=tma) for p in attention_op.PASSES}
     o, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
     launch.launch_forward(q, k, v, o, lse, params, config["fwd"], mask)
     out = {"o": o, "lse": lse}
@@ -53,7 +53,7 @@ def test_tma_loads_equal_pointer_loads(seq_len_q, seq_len_k, mask, dropout_p, se
     masks = MASKS[mask](seq_len_q, seq_len_k)
     kernel_mask = flash_mask(seq_len_q, seq_len_k, head_dim=32, dtype=q.dtype, dropout_p=dropout_p, **masks)
     rng = torch.tensor([seed, 7]) if dropout_p else None
-    params = interface._params(True, dropout_p, None, 32, rng)
+    params = attention_op._params(True, dropout_p, None, 32, rng)
     pointers = run_passes(q, k, v, do, kernel_mask, params, tma=False)
     descriptors = run_passes(q, k, v, do, kernel_mask, params, tma=True)
     for name, want in pointers.items():
@@ -66,7 +66,7 @@ def test_tma_loads_equal_pointer_loads(seq_len_q, seq_len_k, mask, dropout_p, se
 def test_tma_falls_back_to_pointers_for_a_strided_head_dim(seed):
     """Descriptors need unit stride along D: other layouts take the pointer loads, whatever the configuration."""
     q, k, v = (t.detach() for t in make_qkv(1, 2, 50, 32, "transposed_d"))
-    cfg = replace(launch.tuned_config("fwd", q, interface._params(True, 0.0, None, 32, None)), tma=True)
+    cfg = replace(launch.tuned_config("fwd", q, attention_op._params(True, 0.0, None, 32, None)), tma=True)
     assert not launch._use_tma(cfg, k, v)
     assert launch._use_tma(cfg, *(t.contiguous() for t in (k, v)))
     assert not launch._use_tma(replace(cfg, tma=False), *(t.contiguous() for t in (k, v)))
@@ -81,7 +81,7 @@ def test_descriptor_scratch_is_provided_on_every_thread():
     from triton.runtime import _allocation
 
     q, k, v = (t.detach().contiguous() for t in make_qkv(1, 2, 50, 32, "fused_qkv"))
-    cfg = replace(launch.tuned_config("fwd", q, interface._params(True, 0.0, None, 32, None)), tma=True)
+    cfg = replace(launch.tuned_config("fwd", q, attention_op._params(True, 0.0, None, 32, None)), tma=True)
 
     def allocator_after_use_tma():
         before = _allocation._allocator.get()

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from attention_reference import lse_err, reference_attention, rel_err
-from flashgpt.kernels import flash_attention, interface
+from flashgpt.kernels import attention_op, flash_attention
 from flashgpt.kernels.dropout import dropout_keep_mask, effective_dropout_p, keep_scale, keep_threshold
 
 FP32_TOL = 1e-5  # the interpreter's fp32 products are exact; what remains is summation order
@@ -339,6 +339,6 @@ def test_errors_name_the_problem(monkeypatch):
         flash_attention(q, q, q, causal="no")
     with pytest.raises(TypeError, match=r"torch\.Tensor"):
         flash_attention(q.numpy(), q, q)
-    monkeypatch.setattr(interface, "interpreting", lambda: False)  # as if imported without TRITON_INTERPRET=1
+    monkeypatch.setattr(attention_op, "interpreting", lambda: False)  # as if imported without TRITON_INTERPRET=1
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         flash_attention(q, q, q)

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from flashgpt.attention_masks import dense_mask
 from flashgpt.data.documents import document_ids
 from flashgpt.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
 from flashgpt.model.attention import AttentionConfig, AttentionMask, build_attention
 from flashgpt.model.generation import generate, sample_next
 from flashgpt.model.gpt import GPT, ModelConfig
-from flashgpt.model.masks import dense_mask
 from flashgpt.model.sparsity import (
     BlockSparseConfig,
     block_density,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashgpt.leftovers import make_temp_file, remove_abandoned
+from flashgpt.temporary_files import make_temp_file, remove_abandoned
 
 log = logging.getLogger(__name__)
 

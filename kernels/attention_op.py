@@ -40,7 +40,7 @@ import operator
 import torch
 from torch import Tensor
 
-from flashgpt.model.masks import validate_masks
+from flashgpt.attention_masks import validate_masks
 
 from .dropout import check_dropout_p
 from .launch import (
@@ -138,7 +138,7 @@ def _check_masks(
     block_mask: Tensor | None,
     block_size: int,
 ) -> None:
-    """The contract of `flashgpt.model.masks`: shapes, dtypes and devices of the masks, Tq <= Tk."""
+    """The contract of `flashgpt.attention_masks`: shapes, dtypes and devices of the masks, Tq <= Tk."""
     batch, heads, seq_len_q, _ = q.shape
     validate_masks(
         seq_len_q, k.shape[2], window_size=window_size, document_ids=document_ids, block_mask=block_mask,
@@ -535,7 +535,7 @@ def flash_attention(
 
     q: (B, H, Tq, D), k, v: (B, H, Tk, D) with Tq <= Tk (the queries are the last Tq positions), any strides, D a
     multiple of 8 from 16 to 256; float16/bfloat16 on CUDA, float32 anywhere (CPU tensors need TRITON_INTERPRET=1).
-    Masks, combined by AND (exact semantics: `flashgpt.model.masks`): `causal` (bottom-right aligned),
+    Masks, combined by AND (exact semantics: `flashgpt.attention_masks`): `causal` (bottom-right aligned),
     `window_size` W (keys within W − 1 positions before, and without causal also after, the query),
     `document_ids` (B, Tk) integer (a query sees keys of its own document), and `block_mask` (H or 1,
     ceil(Tq / block_size), ceil(Tk / block_size)) bool (block-sparse; a block_size that is a multiple of 16 keeps

@@ -1,6 +1,6 @@
 """Mask helpers shared by the forward and both backward kernels: which tiles to visit, and which elements to keep.
 
-The semantics are those of `flashgpt.model.masks` (query i at absolute position p = Tk − Tq + i; causal j <= p;
+The semantics are those of `flashgpt.attention_masks` (query i at absolute position p = Tk − Tq + i; causal j <= p;
 window p − W < j, and j < p + W without causal; same document id; kept block). A program owns one tile of rows
 and walks tiles of columns. For each mask it computes, from scalars only, two column ranges:
 

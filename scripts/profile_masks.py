@@ -1,0 +1,148 @@
+"""Where a masked call's time goes: which tiles it computes, what each costs against the dense kernel, tile sizes.
+
+For each mask of bench_masks.py at one T (default 4K; B = 16384 // T, H = 12, D = 64, bf16, causal, no dropout):
+
+- census: the forward's tile pairs (its row tile × column tile), classed from `dense_mask` as empty, partial (some
+  pairs visible) or full. The kernel computes the partial and full ones and pays the element-wise mask on the
+  partial ones. tile density = computed tiles / the dense causal kernel's; pair density = visible / causal pairs.
+  Where tile density is far above pair density, most of the work kept is on pairs the mask removes.
+- time: fwd and fwd+bwd (triton's do_bench, median), and the time per computed tile over the dense kernel's at the
+  same T (1.0: a masked tile costs what a dense one does).
+- tile caps: the same call with every pass's tiles capped at --tile-caps rows and columns (the masks' schedules
+  rebuilt for them), in the same process.
+
+    python scripts/profile_masks.py --seq-len 4096 --out $OUT/profile_masks.json
+    ncu --clock-control none -k regex:flash_ --launch-skip 60 --launch-count 4 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats python scripts/profile_masks.py --masks documents --no-caps
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import triton.testing
+from bench_masks import HEAD_DIM, HEADS, MASKS, TOKENS_PER_CALL, Profile, build_case, flash_fn
+from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
+
+from flashgpt.attention_masks import dense_mask
+from flashgpt.kernels import launch
+
+TUNED_CONFIG_FOR = launch.config_for
+PROFILE = Profile("cuda", torch.bfloat16, block_size=128, check_seq_len=4096, dropout_check_seq_len=1024)
+
+
+def census(seq_len: int, kwargs: dict, row_tile: int, col_tile: int) -> dict[str, int]:
+    """Tile pairs of a (row_tile × col_tile) tiling that are empty, partial or full under the masks (all batch
+    elements and mask heads together), from the exact dense mask."""
+    visible = dense_mask(seq_len, seq_len, causal=True, device="cuda", **kwargs)  # (B or 1, H or 1, T, T)
+    b, h = visible.shape[:2]
+    rows, cols = math.ceil(seq_len / row_tile), math.ceil(seq_len / col_tile)
+    padded = torch.zeros(b, h, rows * row_tile, cols * col_tile, dtype=torch.int32, device="cuda")
+    padded[..., :seq_len, :seq_len] = visible
+    counts = padded.view(b, h, rows, row_tile, cols, col_tile).sum(dim=(3, 5))
+    size = torch.full_like(counts, row_tile * col_tile)  # ragged edge tiles are never full here: T % tile == 0
+    return {
+        "empty": int((counts == 0).sum()),
+        "partial": int(((counts > 0) & (counts < size)).sum()),
+        "full": int((counts == size).sum()),
+        "instances": b * h,
+    }
+
+
+def timed(fn, seq_len: int) -> tuple[float, float]:
+    """(fwd ms, fwd+bwd ms) of fn on fresh inputs of this T."""
+    batch = max(1, TOKENS_PER_CALL // seq_len)
+    q, k, v = (
+        torch.randn(batch, HEADS, seq_len, HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    grad = torch.randn_like(q)
+    fn(q, k, v).backward(grad)  # compile outside the timing
+
+    def fwd_bwd() -> None:
+        fn(q, k, v).backward(grad)
+
+    fwd = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=100, return_mode="median")
+    both = triton.testing.do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=[q, k, v], return_mode="median")
+    return fwd, both
+
+
+def capped_tiles(cap: int | None) -> None:
+    """Make every launch configuration's tiles at most cap rows and columns (None: the tuned ones)."""
+
+    def config_for(*args, **kwargs):
+        cfg = TUNED_CONFIG_FOR(*args, **kwargs)
+        return replace(cfg, block_m=min(cfg.block_m, cap), block_n=min(cfg.block_n, cap))
+
+    launch.config_for = TUNED_CONFIG_FOR if cap is None else config_for
+
+
+def compiled_kernels() -> list[dict]:
+    """Registers, spills and shared memory of every attention kernel compiled so far (all mask variants)."""
+    from flashgpt.kernels import flash_bwd, flash_fwd
+
+    out = []
+    for kernel in (flash_fwd.flash_fwd_kernel, flash_bwd.flash_bwd_dq_kernel, flash_bwd.flash_bwd_dkdv_kernel):
+        for device_cache in kernel.device_caches.values():
+            for key, compiled in device_cache[0].items():
+                out.append({
+                    "kernel": kernel.fn.__name__, "regs": getattr(compiled, "n_regs", None),
+                    "spills": getattr(compiled, "n_spills", None),
+                    "shared_kib": getattr(compiled.metadata, "shared", 0) / 1024, "key": str(key),
+                })  # fmt: skip
+    return out
+
+
+def profile_mask(name: str, seq_len: int, caps: list[int | None], dense: dict | None) -> dict:
+    batch = max(1, TOKENS_PER_CALL // seq_len)
+    case = build_case(name, seq_len, batch, PROFILE)
+    row: dict = {"mask": name, "seq_len": seq_len, "batch": batch, "pair_density": case.density, "runs": []}
+    for cap in caps:
+        capped_tiles(cap)
+        cfg = launch.config_for("fwd", HEAD_DIM, torch.bfloat16, torch.device("cuda", 0), True, False, seq_len)
+        tiles = census(seq_len, case.flash_kwargs, cfg.block_m, cfg.block_n)
+        fwd, both = timed(flash_fn(case, 0.0, seq_len, torch.bfloat16), seq_len)
+        run = {"cap": cap, "fwd_tile": [cfg.block_m, cfg.block_n], "census": tiles, "fwd_ms": fwd, "fwd_bwd_ms": both}
+        computed = (tiles["partial"] + tiles["full"]) * (batch * HEADS // tiles["instances"])
+        run["computed_tiles"] = computed
+        if dense is not None and cap is None:
+            dense_run = dense["runs"][0]
+            run["tile_density"] = computed / dense_run["computed_tiles"]
+            per_tile = both / computed
+            run["cost_per_tile_vs_dense"] = per_tile / (dense_run["fwd_bwd_ms"] / dense_run["computed_tiles"])
+        row["runs"].append(run)
+        line = f"T={seq_len} {name:>12} cap={cap}: fwd tile {cfg.block_m}x{cfg.block_n}, {tiles}, "
+        line += f"fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms"
+        if "tile_density" in run:
+            line += f", tile density {run['tile_density']:.2f} (pairs {case.density:.2f}), "
+            line += f"cost per tile {run['cost_per_tile_vs_dense']:.2f}x dense"
+        print(line, flush=True)
+    capped_tiles(None)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--masks", type=csv_list(str), default=list(MASKS))
+    parser.add_argument("--tile-caps", type=csv_list(int), default=[64, 32])
+    parser.add_argument("--no-caps", action="store_true", help="the tuned tiles only (e.g. under ncu)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    caps: list[int | None] = [None] if args.no_caps else [None, *args.tile_caps]
+    command = command_line("profile_masks.py", sys.argv[1:])
+    rows = [profile_mask("dense", args.seq_len, [None], None)]
+    for name in (m for m in args.masks if m != "dense"):
+        rows.append(profile_mask(name, args.seq_len, caps, rows[0]))
+        if args.out:  # after every mask, so a job stopped at its time limit keeps what it measured
+            report = {"device": torch.cuda.get_device_name(), "command": command, "rows": rows}
+            write_json(Path(args.out), report | {"kernels": compiled_kernels()})
+
+
+if __name__ == "__main__":
+    main()
