@@ -6,7 +6,8 @@ For each mask of bench_masks.py at one T (default 4K; B = 16384 // T, H = 12, D 
   pairs visible) or full. The kernel computes the partial and full ones and pays the element-wise mask on the
   partial ones. tile density = computed tiles / the dense causal kernel's; pair density = visible / causal pairs.
   Where tile density is far above pair density, most of the work kept is on pairs the mask removes.
-- time: fwd and fwd+bwd (triton's do_bench, median), and the time per computed tile over the dense kernel's at the
+- time: fwd and fwd+bwd wall time (triton's do_bench, median; host-bound calls show their host time), each of our
+  kernels' GPU time per fwd+bwd (torch.profiler), and the GPU time per computed tile over the dense kernel's at the
   same T (1.0: a masked tile costs what a dense one does).
 - tile caps: the same call with every pass's tiles capped at --tile-caps rows and columns (the masks' schedules
   rebuilt for them), in the same process.
@@ -54,8 +55,9 @@ def census(seq_len: int, kwargs: dict, row_tile: int, col_tile: int) -> dict[str
     }
 
 
-def timed(fn, seq_len: int) -> tuple[float, float]:
-    """(fwd ms, fwd+bwd ms) of fn on fresh inputs of this T."""
+def timed(fn, seq_len: int) -> tuple[float, float, dict[str, float]]:
+    """(fwd ms, fwd+bwd ms, GPU ms per fwd+bwd of each of our kernels) of fn on fresh inputs of this T. The wall
+    times include host time where the call is bound by it; the kernel times (torch.profiler) do not."""
     batch = max(1, TOKENS_PER_CALL // seq_len)
     q, k, v = (
         torch.randn(batch, HEADS, seq_len, HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -69,7 +71,17 @@ def timed(fn, seq_len: int) -> tuple[float, float]:
 
     fwd = triton.testing.do_bench(lambda: fn(q, k, v), warmup=25, rep=100, return_mode="median")
     both = triton.testing.do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=[q, k, v], return_mode="median")
-    return fwd, both
+    calls = 20
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fwd_bwd()
+        torch.cuda.synchronize()
+    kernels = {
+        event.key: event.device_time_total / calls / 1e3
+        for event in prof.key_averages()
+        if event.key.startswith("flash_") and event.device_time_total > 0
+    }
+    return fwd, both, kernels
 
 
 def capped_tiles(cap: int | None) -> None:
@@ -106,18 +118,20 @@ def profile_mask(name: str, seq_len: int, caps: list[int | None], dense: dict | 
         capped_tiles(cap)
         cfg = launch.config_for("fwd", HEAD_DIM, torch.bfloat16, torch.device("cuda", 0), True, False, seq_len)
         tiles = census(seq_len, case.flash_kwargs, cfg.block_m, cfg.block_n)
-        fwd, both = timed(flash_fn(case, 0.0, seq_len, torch.bfloat16), seq_len)
-        run = {"cap": cap, "fwd_tile": [cfg.block_m, cfg.block_n], "census": tiles, "fwd_ms": fwd, "fwd_bwd_ms": both}
+        fwd, both, kernels = timed(flash_fn(case, 0.0, seq_len, torch.bfloat16), seq_len)
+        gpu = sum(kernels.values())
+        run = {"cap": cap, "fwd_tile": [cfg.block_m, cfg.block_n], "census": tiles, "fwd_ms": fwd, "fwd_bwd_ms": both,
+               "kernel_ms": kernels, "gpu_ms": gpu}  # fmt: skip
         computed = (tiles["partial"] + tiles["full"]) * (batch * HEADS // tiles["instances"])
         run["computed_tiles"] = computed
         if dense is not None and cap is None:
             dense_run = dense["runs"][0]
             run["tile_density"] = computed / dense_run["computed_tiles"]
-            per_tile = both / computed
-            run["cost_per_tile_vs_dense"] = per_tile / (dense_run["fwd_bwd_ms"] / dense_run["computed_tiles"])
+            run["cost_per_tile_vs_dense"] = (gpu / computed) / (dense_run["gpu_ms"] / dense_run["computed_tiles"])
         row["runs"].append(run)
         line = f"T={seq_len} {name:>12} cap={cap}: fwd tile {cfg.block_m}x{cfg.block_n}, {tiles}, "
-        line += f"fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms"
+        line += f"fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms (kernels {gpu:.3f} ms: "
+        line += ", ".join(f"{name} {ms:.3f}" for name, ms in kernels.items()) + ")"
         if "tile_density" in run:
             line += f", tile density {run['tile_density']:.2f} (pairs {case.density:.2f}), "
             line += f"cost per tile {run['cost_per_tile_vs_dense']:.2f}x dense"
