@@ -85,10 +85,13 @@ def timed(fn, seq_len: int) -> tuple[float, float, dict[str, float]]:
 
 
 def capped_tiles(cap: int | None) -> None:
-    """Make every launch configuration's tiles at most cap rows and columns (None: the tuned ones)."""
+    """Make every launch configuration's tiles at most cap rows and columns, or with a negative cap at least −cap
+    (None: the tuned ones)."""
 
     def config_for(*args, **kwargs):
         cfg = TUNED_CONFIG_FOR(*args, **kwargs)
+        if cap < 0:
+            return replace(cfg, block_m=max(cfg.block_m, -cap), block_n=max(cfg.block_n, -cap))
         return replace(cfg, block_m=min(cfg.block_m, cap), block_n=min(cfg.block_n, cap))
 
     launch.config_for = TUNED_CONFIG_FOR if cap is None else config_for
@@ -144,7 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--masks", type=csv_list(str), default=list(MASKS))
-    parser.add_argument("--tile-caps", type=csv_list(int), default=[64, 32])
+    parser.add_argument("--tile-caps", type=csv_list(int), default=[64, 32], help="negative: at least that many")
     parser.add_argument("--no-caps", action="store_true", help="the tuned tiles only (e.g. under ncu)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
