@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from flashgpt.attention_masks import num_blocks
-from flashgpt.model.attention import AttentionConfig, AttentionMask, build_attention
+from flashgpt.model.attention import AttentionConfig, AttentionMask
+from flashgpt.model.backends import build_attention
 from flashgpt.model.kv_cache import KVCache
 from flashgpt.model.loss import linear_cross_entropy, per_token_cross_entropy
 from flashgpt.model.sparsity import block_mask_for, build_block_mask, visible_fraction

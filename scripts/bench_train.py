@@ -99,7 +99,7 @@ def compose_config(args: argparse.Namespace, attention: str, seq_len: int, dropo
 def trainpy_step(cfg, args: argparse.Namespace, device: torch.device) -> tuple[Step, int, dict]:
     """train.py's step for `cfg`, built through the trainer's own functions; returns (step, flops per token,
     what to record about it). The step queues one optimizer step and reads the previous one's numbers."""
-    from flashgpt.model.attention import prepare_backend
+    from flashgpt.model.backends import prepare_backend
     from flashgpt.training.distributed import DistContext
     from flashgpt.training.step import (
         StepNumbers,

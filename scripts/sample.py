@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
 
 from flashgpt.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
-from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, prepare_backend
+from flashgpt.model.attention import AttentionConfig
+from flashgpt.model.backends import ATTENTION_BACKENDS, prepare_backend
 from flashgpt.model.generation import generate
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.model.sparsity import BlockSparseConfig

@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))  # the checkout's flashgpt, also where it is not i
 
 from flashgpt.data import DataConfig, load_splits
 from flashgpt.data.shards import prepare_shards, read_doc_ids, shard_dir
-from flashgpt.model.attention import prepare_backend
+from flashgpt.model.backends import prepare_backend
 from flashgpt.model.gpt import GPT
 from flashgpt.training.checkpoint import load_checkpoint
 from flashgpt.training.config import register_configs, typed_config

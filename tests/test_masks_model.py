@@ -16,7 +16,8 @@ from hydra.errors import ConfigCompositionException
 from flashgpt.attention_masks import dense_mask
 from flashgpt.data.documents import document_ids
 from flashgpt.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
-from flashgpt.model.attention import AttentionConfig, AttentionMask, build_attention
+from flashgpt.model.attention import AttentionConfig, AttentionMask
+from flashgpt.model.backends import build_attention
 from flashgpt.model.generation import generate, sample_next
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.model.sparsity import (
@@ -114,7 +115,8 @@ def schedule_builds(monkeypatch) -> list[int]:
 def test_one_forward_builds_the_flash_schedule_once_for_every_layer(schedule_builds, monkeypatch):
     """The model builds the kernel's tile schedules once per forward, and every layer's forward and backward reuse
     them; loss and gradients equal, bit for bit, those of building them in every layer's call."""
-    from flashgpt.model.attention import FlashAttention, InnerAttention
+    from flashgpt.model.attention import InnerAttention
+    from flashgpt.model.backends.flash import FlashAttention
 
     tokens = packed_tokens(2, 78, seed=1)
     loss, grads = loss_and_grads(tiny_gpt(MASKS["strided"], "flash"), tokens, doc_mask=True)

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashgpt.model.attention import ATTENTION_BACKENDS, CAUSAL, build_attention
+from flashgpt.model.attention import CAUSAL
+from flashgpt.model.backends import ATTENTION_BACKENDS, build_attention
 from flashgpt.model.gpt import GPT, ModelConfig
 
 TINY = ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128)  # configs/model/gpt2-tiny.yaml

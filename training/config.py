@@ -12,7 +12,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from flashgpt.data.config import DataConfig
 from flashgpt.data.tokenizer import TOKENIZER_NAME, VOCAB_SIZE
-from flashgpt.model.attention import ATTENTION_BACKENDS, AttentionConfig, check_attention_config
+from flashgpt.model.attention import AttentionConfig, check_attention_config
+from flashgpt.model.backends import ATTENTION_BACKENDS
 from flashgpt.model.gpt import ModelConfig, PositionEmbedding
 from flashgpt.model.hf import hf_source
 from flashgpt.training.profiling import PROFILED_UNTIL

@@ -19,7 +19,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from flashgpt.data import load_splits
 from flashgpt.data.batches import get_batch
 from flashgpt.data.sampler import WindowSampler
-from flashgpt.model.attention import check_head_dim, describe_masks, prepare_backend
+from flashgpt.model.attention import describe_masks
+from flashgpt.model.backends import check_head_dim, prepare_backend
 from flashgpt.model.context_parallel import apply_context_parallel
 from flashgpt.model.hf import load_into
 from flashgpt.training.checkpoint import (
