@@ -318,7 +318,9 @@ class FlashMask:
     def _layout(self) -> tuple[dict[TileKey, tuple[View, ...]], int]:
         id_rows = self.document_ids.shape[0] if self.document_ids is not None else None
         mask_heads = self.block_mask.shape[0] if self.block_mask is not None else None
-        return schedule_layout(self.seq_len_q, self.seq_len_k, id_rows, mask_heads, self.tiles)
+        # torch.compile traces the function itself (it warns on, and bypasses, the cache).
+        layout = schedule_layout.__wrapped__ if torch.compiler.is_compiling() else schedule_layout
+        return layout(self.seq_len_q, self.seq_len_k, id_rows, mask_heads, self.tiles)
 
     def tile_schedule(self, kernel_pass: str, cfg: LaunchConfig) -> TileSchedule:
         """The schedule of the tiling `kernel_pass` walks with `cfg`, as views into `schedule`."""
