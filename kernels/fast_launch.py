@@ -8,11 +8,11 @@ properties Triton specialises on, and later calls with the same key launch it di
 
 Key per positional argument: a tensor's dtype and whether its address is 16-byte aligned; an int's value, or, for
 the kernel's `do_not_specialize` arguments (seeds, offsets: different on every call), only its integer width;
-anything else (float, None) by its type alone. With the tuple of the arguments' types, the constexpr keyword
-arguments (by value) and the current device, that is the key. Which positions hold tensors, unspecialised ints and
-floats follows from the types, so it is worked out once per types tuple and each call only visits those
-positions (a comprehension over every argument cost an H100 host ~35 µs per launch). Launch hooks (profilers)
-and the interpreter always take Triton's own path.
+anything else (float, None) by its type alone; with the constexpr keyword arguments (by value) and the current
+device, that is the key. Which positions hold tensors, unspecialised ints and floats follows from the arguments'
+types, so it is worked out once per tuple of types and each call only visits those positions (a comprehension
+over every argument cost an H100 host ~35 µs per launch). Launch hooks (profilers) and the interpreter always take
+Triton's own path.
 """
 
 from collections.abc import Callable
@@ -53,8 +53,7 @@ class FastLauncher:
     def key(self, device: int, args: tuple, constexprs: dict) -> tuple:
         """What Triton specialises a launch with these arguments on, on `device` (see the module docstring)."""
         types = tuple(map(type, args))
-        layout = self._layouts.get(types) or self._layout(types)
-        tensors, widths, floats = layout
+        tensors, widths, floats = self._layout(types)
         key = list(args)
         for i in tensors:
             key[i] = (args[i].dtype, args[i].data_ptr() % 16 == 0)
