@@ -14,7 +14,7 @@ from flashgpt.training.evaluation import position_buckets
 from flashgpt.training.failures import oom_request_gib
 from flashgpt.training.mfu import mfu, peak_flops_per_sec
 from flashgpt.training.schedule import build_scheduler, lr_at
-from training_runs import assert_ok, read_metrics, read_result, train
+from training_runs import DETERMINISTIC_CPU, assert_ok, read_metrics, read_result, train
 
 STEP_KEYS = {
     "step", "train/loss", "train/lr", "train/grad_norm", "train/tokens", "perf/step_time_s",
@@ -61,13 +61,15 @@ def test_tiny_run_learns_and_fills_its_run_dir(tmp_path):
 
 
 def test_resumed_run_matches_the_uninterrupted_one_bit_for_bit(tmp_path):
-    """Dropout is on, so the resumed run must also restore the RNG streams to match."""
+    """Dropout is on, so the resumed run must also restore the RNG streams to match. The CPU math is made
+    deterministic across processes (DETERMINISTIC_CPU), so that any difference is the resume's."""
     common = ["train.max_steps=8", "model.dropout=0.1", "eval.every=3", "checkpoint.every=3"]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    assert_ok(train(full, *common))
-    assert_ok(train(resumed, *common, "train.stop_at_step=5", "wandb.mode=offline"))
+    env = {**os.environ, **DETERMINISTIC_CPU}
+    assert_ok(train(full, *common, env=env))
+    assert_ok(train(resumed, *common, "train.stop_at_step=5", "wandb.mode=offline", env=env))
     assert read_metrics(resumed)[-1]["step"] == 5
-    proc = train(resumed, *common, "resume=auto", "wandb.mode=offline")
+    proc = train(resumed, *common, "resume=auto", "wandb.mode=offline", env=env)
     assert_ok(proc)
     assert f"resumed from {resumed / 'checkpoints' / 'latest.pt'} at step 5" in proc.stdout
 

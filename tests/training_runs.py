@@ -14,6 +14,10 @@ TINY = [
     "train.lr=3e-3", "train.warmup_steps=2", "eval.steps=2", "eval.batch_size=4", "log.every=1",
     "wandb.mode=disabled", "device=cpu", "seed=0",
 ]  # fmt: skip
+# What two CPU processes need to compute the same bits: one thread (no thread count or split of a reduction can
+# differ) and MKL's code path that does not depend on the processor or on the alignment of its operands. Under CI's
+# load, runs with two threads and MKL_CBWR=AUTO still differed now and then in the 6th digit of a logged loss.
+DETERMINISTIC_CPU = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_CBWR": "COMPATIBLE"}
 
 
 def train(

@@ -57,7 +57,8 @@ def main(cfg: DictConfig) -> float | None:
 def _reproducible_cpu_math() -> int:
     """Make MKL, which runs the CPU's matmuls, give the same bits every run; returns the (fixed) thread count.
 
-    Without it two identical CPU runs differed in the 6th digit of a loss now and then when the cores were busy.
+    Without it two identical CPU runs differed in the 6th digit of a loss now and then when the cores were busy;
+    with it they still did, more rarely (one thread and MKL_CBWR=COMPATIBLE, tests/training_runs.py, remove that).
     The conditions of Intel's reproducibility guide: MKL's conditional numerical reproducibility mode (MKL_CBWR,
     read at MKL's first call, so set here before any; a user's own value is kept), a fixed thread count (torch's
     default, OMP_NUM_THREADS or one per core) and no dynamic threading (torch.set_num_threads turns MKL's off)."""
