@@ -280,6 +280,8 @@ def _draw_rng_state() -> Tensor:
 def _params(
     causal: bool, dropout_p: float, softmax_scale: float | None, head_dim: int, rng_state: Tensor | None
 ) -> AttentionParams:
+    if softmax_scale is not None and softmax_scale < 0:
+        raise ValueError(f"the kernels take softmax_scale >= 0 (flash_attention negates q), got {softmax_scale}")
     if rng_state is None or dropout_p == 0:
         return _params_without_dropout_draw(causal, dropout_p, softmax_scale, head_dim)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
@@ -571,6 +573,8 @@ def flash_attention(
                                document_ids, block_mask, block_size, backward)  # fmt: skip
     rng_state = _draw_rng_state() if dropout_p > 0 else None
     scale = None if softmax_scale is None else float(softmax_scale)
+    if scale is not None and scale < 0:  # the kernels take a scale ≥ 0: q·kᵀ·scale = (−q)·kᵀ·|scale|
+        q, scale = -q, -scale
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     elif not isinstance(deterministic, bool):

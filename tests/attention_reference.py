@@ -28,10 +28,13 @@ def reference_attention(q, k, v, visible=None, *, causal: bool = False, scale: f
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """‖a − b‖ / ‖b‖, or ‖a‖ where b is exactly zero (T = 1 has zero score gradients)."""
-    diff = (actual.double() - expected.double()).norm().item()
-    norm = expected.double().norm().item()
-    return diff / norm if norm > 0 else diff
+    """‖a − b‖ / ‖b‖, or max |a| where b is exactly zero. With one key (T = 1) the score gradients are exactly 0
+    and the kernel's are the rounding of dP − δ = dO·v − dO·o: a few ulps of a sum of D unit-size products per
+    row, times scale·|q| per element, ~1e-6 in fp32 for D = 128. The norm of all of them grows with the element
+    count (it reached 1.02e-5 over 256 elements), so an exactly-zero reference is compared element by element."""
+    a, b = actual.double(), expected.double()
+    norm = b.norm().item()
+    return (a - b).norm().item() / norm if norm > 0 else a.abs().max().item()
 
 
 def lse_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -94,9 +94,12 @@ def test_padded_head_dim_low_precision(dtype, seed):
     check_against_reference(q, k, v, causal=True, tol=LOW_PRECISION_TOL, seed=seed)
 
 
-def test_custom_softmax_scale(seed):
+# The forward scales mask-free tiles' scores inside the exponent and takes the row max before scaling, which needs a
+# scale >= 0: a negative one runs as (−q)·kᵀ·|scale|, and 0 gives uniform attention.
+@pytest.mark.parametrize("scale", [0.3, -0.7, 0.0])
+def test_custom_softmax_scale(scale, seed):
     q, k, v = make_qkv(1, 2, 77, 32, "contiguous")
-    check_against_reference(q, k, v, causal=True, scale=0.3, tol=FP32_TOL, seed=seed)
+    check_against_reference(q, k, v, causal=True, scale=scale, tol=FP32_TOL, seed=seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

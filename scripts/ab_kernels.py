@@ -1,0 +1,145 @@
+"""A/B of a kernel change in one process: the working tree's kernels against a baseline copy of `kernels/`.
+
+The baseline is a directory holding another version of the kernel package, e.g. the last commit's:
+
+    mkdir -p .ab/baseline && git archive HEAD kernels | tar -x -C .ab/baseline
+    python scripts/ab_kernels.py --baseline .ab/baseline/kernels --passes fwd --head-dims 64,128 \\
+        --seq-lens 4096,16384 --dropout 0,0.1 --out results/tuning/<run>/ab.json
+
+It is loaded as a package of its own (its `__init__` is skipped, so it registers no operator), and both versions
+launch each pass at their own tuned configuration on the same inputs. Timings alternate A, B, A, B (median of
+`triton.testing.do_bench` each, then the better of the two rounds), so clock drift falls on both alike; the
+outputs are compared too (max |A − B|), so a faster variant that computes something else shows. Passes: fwd, bwd
+(the schedule `flash_attention` would take: split or fused) and fwd_bwd.
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import triton
+
+from flashgpt.kernels import launch as current_launch
+
+PASSES = ("fwd", "bwd", "fwd_bwd")
+
+
+def load_baseline(directory: Path) -> ModuleType:
+    """The baseline package's `launch` module, imported under the name `ab_baseline_kernels`."""
+    name = "ab_baseline_kernels"
+    package = ModuleType(name)
+    package.__path__ = [str(directory)]  # a namespace for its modules' relative imports, without its __init__
+    sys.modules[name] = package
+    spec = importlib.util.spec_from_file_location(f"{name}.launch", directory / "launch.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
+    """Closures running each pass with this version's launch functions; outputs land in the returned dict."""
+    out = {name: torch.empty_like(q) for name in ("o", "dq", "dk", "dv")}
+    out["lse"] = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    delta = torch.empty_like(out["lse"])
+    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+
+    def cfg(kernel_pass: str):
+        return launch.tuned_config(kernel_pass, q, params)
+
+    def forward() -> None:
+        launch.launch_forward(q, k, v, out["o"], out["lse"], params, cfg("fwd"))
+
+    schedule = launch.backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, q.shape[2])
+
+    def backward() -> None:
+        if schedule == "fused":
+            launch.launch_preprocess(out["o"], do, delta, None, dq_acc)
+            launch.launch_dkdv(q, k, v, do, out["lse"], delta, out["dk"], out["dv"], params, cfg("bwd_fused"),
+                               dq_acc=dq_acc, dq_reduce="tma")  # fmt: skip
+            launch.launch_dq_convert(dq_acc, out["dq"], params.softmax_scale)
+        else:
+            launch.launch_dq(q, k, v, do, out["lse"], delta, out["dq"], params, cfg("bwd_dq"), o=out["o"])
+            launch.launch_dkdv(q, k, v, do, out["lse"], delta, out["dk"], out["dv"], params, cfg("bwd_dkdv"))
+
+    def forward_backward() -> None:
+        forward()
+        backward()
+
+    return {"fwd": forward, "bwd": backward, "fwd_bwd": forward_backward, "out": out, "schedule": schedule}
+
+
+def flops(kernel_pass: str, batch: int, heads: int, seq_len: int, head_dim: int) -> float:
+    """The benchmark's causal FLOP count: fwd 4·B·H·T²·D / 2, bwd 2.5 × fwd."""
+    fwd = 4 * batch * heads * seq_len**2 * head_dim * 0.5
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[kernel_pass]
+
+
+def compare(baseline: ModuleType, passes: list[str], head_dim: int, seq_len: int, dropout: float) -> list[dict]:
+    """Time each pass of both versions at one shape (16K tokens, H = 12 for D <= 64, else 2048 / D); one row each."""
+    batch, heads = max(1, 16384 // seq_len), 12 if head_dim <= 64 else 2048 // head_dim
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    runs = {}
+    for side, launch in (("a", baseline), ("b", current_launch)):
+        params = launch.AttentionParams(True, dropout, 1 / math.sqrt(head_dim), seed=7, offset=0)
+        runs[side] = make_runs(launch, q, k, v, do, params)
+    # Compile both and write every output once (the backward only when a backward pass is timed).
+    warmup = "fwd" if passes == ["fwd"] else "fwd_bwd"
+    runs["a"][warmup](), runs["b"][warmup]()
+    torch.cuda.synchronize()
+    compared = ("o", "lse") if warmup == "fwd" else ("o", "lse", "dq", "dk", "dv")
+    diff = {n: (runs["a"]["out"][n].float() - runs["b"]["out"][n].float()).abs().max().item() for n in compared}
+    rows = []
+    for kernel_pass in passes:
+        times: dict[str, list[float]] = {"a": [], "b": []}
+        for _ in range(2):
+            for side in ("a", "b"):
+                times[side].append(triton.testing.do_bench(runs[side][kernel_pass], warmup=25, rep=100))
+        ms_a, ms_b = min(times["a"]), min(times["b"])
+        tflops = flops(kernel_pass, batch, heads, seq_len, head_dim) / ms_b / 1e9
+        rows.append(
+            dict(head_dim=head_dim, seq_len=seq_len, dropout=dropout, kernel_pass=kernel_pass, baseline_ms=ms_a,
+                 new_ms=ms_b, rounds_ms=times, new_tflops=tflops, speedup=ms_a / ms_b,
+                 backward_schedule=runs["b"]["schedule"], max_abs_diff=diff)
+        )  # fmt: skip
+        print(f"{head_dim:4d} {seq_len:6d} {dropout:5.2f} {kernel_pass:8s} {ms_a:8.3f} {ms_b:8.3f} {tflops:8.0f} "
+              f"{ms_a / ms_b:8.3f} {max(diff.values()):9.2e}")  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", type=Path, required=True, help="a copy of kernels/ to compare against")
+    parser.add_argument("--passes", default="fwd,bwd")
+    parser.add_argument("--head-dims", default="64")
+    parser.add_argument("--seq-lens", default="4096,16384")
+    parser.add_argument("--dropout", default="0")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    passes = args.passes.split(",")
+    if unknown := set(passes) - set(PASSES):
+        parser.error(f"unknown passes {sorted(unknown)}; choose from {', '.join(PASSES)}")
+
+    baseline = load_baseline(args.baseline)
+    print(f"{'D':>4s} {'T':>6s} {'drop':>5s} {'pass':8s} {'base ms':>8s} {'new ms':>8s} {'new TF/s':>8s}"
+          f" {'speed-up':>8s} {'max|diff|':>9s}")  # fmt: skip
+    rows = []
+    for head_dim in map(int, args.head_dims.split(",")):
+        for seq_len in map(int, args.seq_lens.split(",")):
+            for dropout in map(float, args.dropout.split(",")):
+                rows += compare(baseline, passes, head_dim, seq_len, dropout)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    command=" ".join(sys.argv), baseline=str(args.baseline))  # fmt: skip
+        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Compile the attention kernels for Hopper (sm_90a) on a machine without a GPU and count what ptxas made of them.
+
+Each pass is compiled at its tuned H100 configuration for one shape, exactly as a launch would specialise it (the
+launch functions run with the launch itself replaced by Triton's compile-only warmup), then disassembled with the
+cuobjdump/nvdisasm that ship with Triton. Per kernel: registers, spill stores/loads, shared memory, and how many
+instructions of each kind the machine code holds (matrix products, exp2 on the special-function unit, fp32 ALU,
+conversions). A static A/B for a kernel change costs no GPU time:
+
+    python scripts/kernel_sass.py --head-dim 64 --seq-len 16384 --passes fwd,bwd_dq,bwd_dkdv
+    python scripts/kernel_sass.py --passes fwd --dump /tmp/sass      # also writes each kernel's SASS
+
+The counts are of the whole kernel (every loop copy: masked and mask-free runs), not of executed instructions.
+"""
+
+import argparse
+import collections
+import math
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+HOPPER = GPUTarget("cuda", 90, 32)
+PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
+# Opcode families worth watching in an attention kernel: tensor-core products, the exp2 unit, fp32 arithmetic,
+# fp32 -> bf16 packing, shuffles (row reductions) and spills.
+FAMILIES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "F2FP", "SHFL", "STL", "LDL")
+
+
+class _HopperWithoutGpu:
+    """The slice of Triton's driver interface that compiling (not launching) asks for."""
+
+    def get_current_target(self) -> GPUTarget:
+        return HOPPER
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+def _triton_bin(tool: str) -> str:
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool)
+
+
+def compile_passes(passes: list[str], head_dim: int, seq_len: int, dropout: float) -> dict[str, object]:
+    """{pass: compiled kernel} at the tuned Hopper configuration for B = 1, H = 1, causal, bf16."""
+    driver.set_active(_HopperWithoutGpu())
+    from flashgpt.kernels import launch  # after the driver, so that nothing asks for a real GPU
+    from flashgpt.kernels.tuning import launch_config
+
+    compiled: dict[str, object] = {}
+
+    def compile_only(kernel, grid, *args, **constexprs) -> None:
+        compiled[current] = kernel.warmup(*args, grid=grid, **constexprs)
+
+    launch._launch = compile_only
+    shape = (1, 1, seq_len, head_dim)
+    q, k, v, o, do, dq, dk, dv = (torch.empty(shape, dtype=torch.bfloat16) for _ in range(8))
+    lse, delta = torch.empty(shape[:3]), torch.empty(shape[:3])
+    dq_acc = torch.empty(shape)
+    params = launch.AttentionParams(True, dropout, 1 / math.sqrt(head_dim))
+
+    def cfg(kernel_pass: str):
+        return launch_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len, interpreting=False,
+                             hopper=True)  # fmt: skip
+
+    for current in passes:
+        if current == "fwd":
+            launch.launch_forward(q, k, v, o, lse, params, cfg("fwd"))
+        elif current == "bwd_dq":
+            launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), o=o)
+        elif current == "bwd_dkdv":
+            launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"))
+        else:
+            launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_fused"), dq_acc=dq_acc,
+                               dq_reduce="tma")  # fmt: skip
+    return compiled
+
+
+def inspect(cubin: bytes) -> tuple[dict[str, int], str]:
+    """(registers, local memory and opcode-family counts, the SASS text) of one compiled kernel."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        usage = subprocess.run([_triton_bin("cuobjdump"), "--dump-resource-usage", str(path)], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run([_triton_bin("nvdisasm"), "-c", str(path)], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+    info = {key.lower(): int(value) for key, value in re.findall(r"(REG|LOCAL):(\d+)", usage)}
+    opcodes = collections.Counter(m.group(1) for m in re.finditer(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)",
+                                                                  sass, flags=re.M))  # fmt: skip
+    info.update({family: opcodes.get(family, 0) for family in FAMILIES})
+    info["total"] = sum(opcodes.values())
+    return info, sass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--seq-len", type=int, default=16384, help="picks the tuned configuration's T bucket")
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--passes", default=",".join(PASSES[:3]), help=f"comma-separated, of {', '.join(PASSES)}")
+    parser.add_argument("--dump", type=Path, default=None, help="write <pass>.sass here")
+    args = parser.parse_args()
+    passes = args.passes.split(",")
+    if unknown := set(passes) - set(PASSES):
+        parser.error(f"unknown passes {sorted(unknown)}; choose from {', '.join(PASSES)}")
+
+    compiled = compile_passes(passes, args.head_dim, args.seq_len, args.dropout)
+    columns = ("reg", "local", "shared", *FAMILIES, "total")
+    print(f"sm_90a, D={args.head_dim}, T={args.seq_len}, dropout={args.dropout}, causal, bf16")
+    print(f"{'pass':10s}" + "".join(f"{c:>8s}" for c in columns))
+    for name, kernel in compiled.items():
+        info, sass = inspect(kernel.asm["cubin"])
+        info["shared"] = kernel.metadata.shared  # static and dynamic (pipeline buffers), bytes
+        print(f"{name:10s}" + "".join(f"{info.get(c, 0):8d}" for c in columns))
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            (args.dump / f"{name}.sass").write_text(sass)
+
+
+if __name__ == "__main__":
+    main()
