@@ -8,7 +8,7 @@ The baseline is a directory holding another version of the kernel package, e.g. 
 
 It is loaded as a package of its own (its `__init__` is skipped, so it registers no operator), and both versions
 launch each pass at their own tuned configuration on the same inputs. Timings alternate A, B, A, B (median of
-`triton.testing.do_bench` each, then the better of the two rounds), so clock drift falls on both alike; the
+`triton.testing.do_bench` each, then the median of --rounds rounds), so clock drift falls on both alike; the
 outputs are compared too (max |A − B|), so a faster variant that computes something else shows. Passes: fwd, bwd
 (the schedule `flash_attention` would take: split or fused) and fwd_bwd.
 """
@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -80,7 +81,9 @@ def flops(kernel_pass: str, batch: int, heads: int, seq_len: int, head_dim: int)
     return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[kernel_pass]
 
 
-def compare(baseline: ModuleType, passes: list[str], head_dim: int, seq_len: int, dropout: float) -> list[dict]:
+def compare(
+    baseline: ModuleType, passes: list[str], head_dim: int, seq_len: int, dropout: float, rounds: int
+) -> list[dict]:
     """Time each pass of both versions at one shape (16K tokens, H = 12 for D <= 64, else 2048 / D); one row each."""
     batch, heads = max(1, 16384 // seq_len), 12 if head_dim <= 64 else 2048 // head_dim
     torch.manual_seed(0)
@@ -98,10 +101,10 @@ def compare(baseline: ModuleType, passes: list[str], head_dim: int, seq_len: int
     rows = []
     for kernel_pass in passes:
         times: dict[str, list[float]] = {"a": [], "b": []}
-        for _ in range(2):
+        for _ in range(rounds):
             for side in ("a", "b"):
                 times[side].append(triton.testing.do_bench(runs[side][kernel_pass], warmup=25, rep=100))
-        ms_a, ms_b = min(times["a"]), min(times["b"])
+        ms_a, ms_b = statistics.median(times["a"]), statistics.median(times["b"])
         tflops = flops(kernel_pass, batch, heads, seq_len, head_dim) / ms_b / 1e9
         rows.append(
             dict(head_dim=head_dim, seq_len=seq_len, dropout=dropout, kernel_pass=kernel_pass, baseline_ms=ms_a,
@@ -120,6 +123,7 @@ def main() -> None:
     parser.add_argument("--head-dims", default="64")
     parser.add_argument("--seq-lens", default="4096,16384")
     parser.add_argument("--dropout", default="0")
+    parser.add_argument("--rounds", type=int, default=2, help="A, B timings per pass; their medians compare")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     passes = args.passes.split(",")
@@ -133,7 +137,7 @@ def main() -> None:
     for head_dim in map(int, args.head_dims.split(",")):
         for seq_len in map(int, args.seq_lens.split(",")):
             for dropout in map(float, args.dropout.split(",")):
-                rows += compare(baseline, passes, head_dim, seq_len, dropout)
+                rows += compare(baseline, passes, head_dim, seq_len, dropout, args.rounds)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
