@@ -62,21 +62,12 @@ def check_dropout_p(dropout_p: float) -> None:
 
 
 @triton.jit
-def dropout_keep_mask(
-    seed,
-    offset_lo,
-    offset_hi,
-    bh,
-    offs_m,
-    start_n,
-    seq_len,
-    threshold,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Keep-mask (BLOCK_M, BLOCK_N) for rows offs_m and key columns [start_n, start_n + BLOCK_N).
+def dropout_keep_mask(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keep-mask (BLOCK_M, BLOCK_N) for rows offs_m and key columns [start_n, start_n + BLOCK_N) of one head's
+    stream rng = (seed, offset_lo, offset_hi, bh, threshold).
 
     seq_len is the number of key columns Tk; start_n and BLOCK_N must be multiples of 16."""
+    seed, offset_lo, offset_hi, bh, threshold = rng
     groups_per_row = (seq_len + 15) // 16
     offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)
     counter = (offs_m[:, None] * groups_per_row + offs_g[None, :]).to(tl.uint32, bitcast=True)

@@ -13,12 +13,27 @@ device, that is the key. Which positions hold tensors, unspecialised ints and fl
 types, so it is worked out once per tuple of types and each call only visits those positions (a comprehension
 over every argument cost an H100 host ~35 µs per launch). Launch hooks (profilers) and the interpreter always take
 Triton's own path.
+
+The direct path leans on Triton internals (the compiled kernel's `run`, `function` and `packed_metadata`, and the
+launcher's argument order), checked on the Triton release named below. With any other release every launch takes
+Triton's own path: still correct, only slower per call.
 """
 
+import warnings
 from collections.abc import Callable
 
 import torch
+import triton
 from triton import knobs
+
+TESTED_TRITON = "3.6."  # the release the direct path was written and checked against (CI installs it)
+DIRECT_LAUNCH = triton.__version__.startswith(TESTED_TRITON)
+if not DIRECT_LAUNCH:
+    warnings.warn(
+        f"flashgpt: kernel launches take Triton's own path with triton {triton.__version__} (the direct launcher is "
+        f"checked on {TESTED_TRITON}x only): correct, with more host time per call",
+        stacklevel=1,
+    )
 
 _INT32_RANGE = range(-(2**31), 2**31)
 
@@ -66,7 +81,7 @@ class FastLauncher:
         return (device, tuple(key), tuple(constexprs.items()))
 
     def __call__(self, grid: tuple[int, ...], *args, **constexprs) -> None:
-        if knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls:
+        if not DIRECT_LAUNCH or knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls:
             self.kernel[grid](*args, **constexprs)
             return
         device = torch._C._cuda_getDevice()

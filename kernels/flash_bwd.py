@@ -22,6 +22,10 @@ P and Z are recomputed tile by tile from Q, K, the LSE and the dropout seed. Two
 Masks (see `tile_ranges.py`) bound the loops exactly as in the forward: the dK/dV program of a key tile visits only the
 query tiles that can see it. A masked element has P = 0, so it adds nothing to any sum; a query row that saw no
 key (LSE = −inf, O = 0, δ = 0) is masked in every tile it meets, so its gradients are exactly 0.
+
+Arguments are grouped below the kernels as in the forward (`rows`, `masking`, `rng`, `MASKS`), plus `scales` =
+(scale·log2 e, dropout keep-scale), the rows' LSE and δ (`row_stats`), and in the dK/dV pass the program's key
+columns `cols` = (indices, first key, document ids).
 """
 
 import triton
@@ -117,48 +121,37 @@ def flash_bwd_dq_convert_kernel(
 
 @triton.jit
 def _dkdv_tile(
-    dk,
-    dv,
+    state,
     k,
     v,
-    k_doc,
+    cols,
     q_src,
     do_src,
     dq_head,
-    lse_row,
-    delta_row,
-    doc_row,
-    block_row,
-    stride_block_row,
-    offs_n,
+    row_stats,
     start_m,
-    start_n,
-    seq_len_q,
-    seq_len_k,
-    window_size,
-    qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
-    dropout_scale,
+    masking,
+    rng,
+    scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """Accumulate dK, dV of one key tile over the query tile at start_m, in the transposed (key-major) layout.
-    q_src, do_src: tensor descriptors of this head's Q and dO (TMA), or pointers to the tile's Qᵀ and dO."""
+    """Accumulate state = (dK, dV) of one key tile over the query tile at start_m, in the transposed (key-major)
+    layout. q_src, do_src: tensor descriptors of this head's Q and dO (TMA), or pointers to the tile's Qᵀ and dO.
+    cols, row_stats, masking, rng, scales and MASKS: as built by `flash_bwd_dkdv_kernel`."""
+    dk, dv = state
+    offs_n, start_n, k_doc = cols
+    lse_row, delta_row = row_stats
+    seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row = masking
+    qk_scale, dropout_scale = scales
+    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, _ = MASKS  # EXTRA_MASKS acts on the loops, not on a tile
     offs_m = start_m + tl.arange(0, BLOCK_M)
     if TMA:  # rows past Tq arrive as zeros
         qT = tl.trans(q_src.load([start_m, 0]))
@@ -181,11 +174,7 @@ def _dkdv_tile(
         do = do.to(tl.float32)
 
     if DROPOUT:  # independent of the products below, so it can overlap with them
-        keepT = tl.trans(
-            dropout_keep_mask(
-                seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
-            )
-        )
+        keepT = tl.trans(dropout_keep_mask(rng, offs_m, start_n, seq_len_k, BLOCK_M, BLOCK_N))
     sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)
     pT = tl.exp2(sT * qk_scale - lse2[None, :])
     if MASKED:
@@ -210,7 +199,7 @@ def _dkdv_tile(
     dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
     if DQ_REDUCE != "none":
         # Before the dK product, so that the reduction's memory traffic overlaps it (measured: 3-6% faster).
-        _add_dq(dq_head, dsT, k, offs_m, seq_len_q, start_m, bh, BLOCK_M, MASKED, DQ_REDUCE, INPUT_PRECISION)
+        _add_dq(dq_head, dsT, k, offs_m, seq_len_q, start_m, rng[3], BLOCK_M, MASKED, DQ_REDUCE, INPUT_PRECISION)
     dk += tl.dot(dsT, tl.trans(qT), input_precision=INPUT_PRECISION)
     return dk, dv
 
@@ -246,48 +235,27 @@ def _add_dq(
 
 @triton.jit
 def _dkdv_tiles(
-    dk,
-    dv,
+    state,
     k,
     v,
-    k_doc,
+    cols,
     q_head,
     do_head,
+    qdo_strides,
     dq_head,
-    lse_row,
-    delta_row,
-    doc_row,
-    block_row,
-    stride_block_row,
+    row_stats,
     kept,
-    stride_qt,
-    stride_qd,
-    stride_dot,
-    stride_dod,
-    offs_n,
-    offs_d,
-    start_n,
     lo,
     hi,
-    seq_len_q,
-    seq_len_k,
-    window_size,
-    qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
-    dropout_scale,
+    masking,
+    rng,
+    scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     MASKED: tl.constexpr,
     INDEXED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -295,7 +263,10 @@ def _dkdv_tiles(
     TMA: tl.constexpr,
 ):
     """Query tiles starting at lo, lo + BLOCK_M, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
-    q_head, do_head: this head's Q and dO, as tensor descriptors (TMA) or pointers."""
+    q_head, do_head: this head's Q and dO, as tensor descriptors (TMA) or pointers with qdo_strides =
+    (stride_qt, stride_qd, stride_dot, stride_dod)."""
+    stride_qt, stride_qd, stride_dot, stride_dod = qdo_strides
+    offs_d = tl.arange(0, HEAD_DIM)
     if INDEXED:
         for i in range(lo, hi):
             start_m = tl.multiple_of(tl.load(kept + i) * BLOCK_M, BLOCK_M)
@@ -305,20 +276,16 @@ def _dkdv_tiles(
                 offs_m = start_m + tl.arange(0, BLOCK_M)
                 q_tile = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
                 do_tile = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
-            dk, dv = _dkdv_tile(
-                dk, dv, k, v, k_doc, q_tile, do_tile, dq_head, lse_row, delta_row, doc_row, block_row,
-                stride_block_row, offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
-                offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS,
-                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            state = _dkdv_tile(
+                state, k, v, cols, q_tile, do_tile, dq_head, row_stats, start_m, masking, rng, scales, BLOCK_M,
+                BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
     elif TMA:
         for start_m in range(lo, hi, BLOCK_M):
             start_m = tl.multiple_of(start_m, BLOCK_M)
-            dk, dv = _dkdv_tile(
-                dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row,
-                stride_block_row, offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
-                offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS,
-                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            state = _dkdv_tile(
+                state, k, v, cols, q_head, do_head, dq_head, row_stats, start_m, masking, rng, scales, BLOCK_M,
+                BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
     else:
         offs_m = lo + tl.arange(0, BLOCK_M)
@@ -326,71 +293,48 @@ def _dkdv_tiles(
         do_ptrs = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
         for start_m in range(lo, hi, BLOCK_M):
             start_m = tl.multiple_of(start_m, BLOCK_M)
-            dk, dv = _dkdv_tile(
-                dk, dv, k, v, k_doc, qT_ptrs, do_ptrs, dq_head, lse_row, delta_row, doc_row, block_row,
-                stride_block_row, offs_n, start_m, start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed,
-                offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS,
-                GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            state = _dkdv_tile(
+                state, k, v, cols, qT_ptrs, do_ptrs, dq_head, row_stats, start_m, masking, rng, scales, BLOCK_M,
+                BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
             qT_ptrs += BLOCK_M * stride_qt
             do_ptrs += BLOCK_M * stride_dot
-    return dk, dv
+    return state
 
 
 @triton.jit
 def _dkdv_query_range(
-    dk,
-    dv,
+    state,
     k,
     v,
-    k_doc,
+    cols,
     q_head,
     do_head,
+    qdo_strides,
     dq_head,
-    lse_row,
-    delta_row,
-    doc_row,
-    block_row,
-    stride_block_row,
+    row_stats,
     kept,
     n_kept,
-    stride_qt,
-    stride_qd,
-    stride_dot,
-    stride_dod,
-    offs_n,
-    offs_d,
-    start_n,
-    lo,
-    hi,
-    full_lo,
-    full_hi,
-    seq_len_q,
-    seq_len_k,
-    window_size,
-    qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
-    dropout_scale,
+    ranges,
+    masking,
+    rng,
+    scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     SPARSE: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """Query tiles [lo, hi): a masked run (the causal diagonal band), the mask-free run inside [full_lo, full_hi),
-    and a masked run (the end of a window, or the ragged last tile). Under a block mask, only the listed tiles."""
+    """Query tiles of ranges = (lo, hi, full_lo, full_hi): a masked run (the causal diagonal band), the mask-free
+    run inside [full_lo, full_hi), and a masked run (the end of a window, or the ragged last tile). Under a block
+    mask, only the listed tiles."""
+    lo, hi, full_lo, full_hi = ranges
+    GATHER: tl.constexpr = MASKS[3]
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_M)
     if SPARSE:
         if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
@@ -402,58 +346,39 @@ def _dkdv_query_range(
         tail_end = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_M))
     else:
         head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
-    dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
-        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, head_start, fast_start, seq_len_q,
-        seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
-        BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
+    state = _dkdv_tiles(
+        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, head_start, fast_start, masking,
+        rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+    )  # fmt: skip
+    state = _dkdv_tiles(
+        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, fast_start, tail_start, masking,
+        rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
         TMA,
     )  # fmt: skip
-    dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
-        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, fast_start, tail_start, seq_len_q,
-        seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
-        BLOCK_N, False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION,
-        DQ_REDUCE, TMA,
+    state = _dkdv_tiles(
+        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, tail_start, tail_end, masking,
+        rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
     )  # fmt: skip
-    dk, dv = _dkdv_tiles(
-        dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row, kept,
-        stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, tail_start, tail_end, seq_len_q,
-        seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M,
-        BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
-        TMA,
-    )  # fmt: skip
-    return dk, dv
+    return state
 
 
 @triton.jit
 def _dkdv_dense(
-    dk,
-    dv,
+    state,
     k,
     v,
+    cols,
     q_head,
     do_head,
+    qdo_strides,
     dq_head,
-    lse_row,
-    delta_row,
-    stride_qt,
-    stride_qd,
-    stride_dot,
-    stride_dod,
-    offs_n,
-    offs_d,
-    start_n,
+    row_stats,
     seq_len,
-    qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
-    dropout_scale,
+    rng,
+    scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -465,32 +390,29 @@ def _dkdv_dense(
     the ragged last tile (masked), with bounds written out directly. `_dkdv_query_range` visits the same tiles, but
     its bounds, computed through selects, make ptxas serialize the loop's wgmma pipeline on Hopper (warning C7515:
     3.4x the WARPGROUP sync instructions), which cost the dense backward 9-13%."""
+    start_n = cols[1]
     full_rows = (seq_len // BLOCK_M) * BLOCK_M
+    masking = (seq_len, seq_len, 0, 0, 0, 0)  # no window, documents or block mask: nothing else is read
+    MASKS: tl.constexpr = (CAUSAL, False, False, False, 1, False)
     if CAUSAL:  # query rows above the band never see this key tile
         band_hi = tl.minimum(start_n + BLOCK_N, seq_len)
-        dk, dv = _dkdv_tiles(
-            dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
-            stride_dot, stride_dod, offs_n, offs_d, start_n, start_n, band_hi, seq_len, seq_len, 0, qk_scale, bh, seed,
-            offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL, False,
-            False, False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        state = _dkdv_tiles(
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, start_n, band_hi, masking, rng,
+            scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
         bulk_lo = start_n + BLOCK_N
     else:
         bulk_lo = 0
     bulk_hi = tl.maximum(bulk_lo, full_rows)
-    dk, dv = _dkdv_tiles(
-        dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
-        stride_dot, stride_dod, offs_n, offs_d, start_n, bulk_lo, bulk_hi, seq_len, seq_len, 0, qk_scale, bh, seed,
-        offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, False, CAUSAL, False, False,
-        False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+    state = _dkdv_tiles(
+        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, bulk_lo, bulk_hi, masking, rng,
+        scales, BLOCK_M, BLOCK_N, HEAD_DIM, False, False, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
     )  # fmt: skip
-    dk, dv = _dkdv_tiles(
-        dk, dv, k, v, 0, q_head, do_head, dq_head, lse_row, delta_row, None, None, 0, None, stride_qt, stride_qd,
-        stride_dot, stride_dod, offs_n, offs_d, start_n, bulk_hi, seq_len, seq_len, seq_len, 0, qk_scale, bh, seed,
-        offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, False, CAUSAL, False, False,
-        False, 1, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+    state = _dkdv_tiles(
+        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, bulk_hi, seq_len, masking, rng,
+        scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
     )  # fmt: skip
-    return dk, dv
+    return state
 
 
 @triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold", "window_size"])
@@ -610,11 +532,16 @@ def flash_bwd_dkdv_kernel(
     else:
         dq_head = DQAcc  # None: dQ has its own pass
 
+    # What the query tiles share, grouped: this program's key columns (index, start, document), the pointers to
+    # the per-row LSE and δ, this head's dropout stream, and the two scales.
+    rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
+    scales = (qk_scale, dropout_scale)
+    row_stats = (lse_row, delta_row)
+    qdo_strides = (stride_qt, stride_qd, stride_dot, stride_dod)
     if DENSE:
         dk, dv = _dkdv_dense(
-            dk, dv, k, v, q_head, do_head, dq_head, lse_row, delta_row, stride_qt, stride_qd, stride_dot, stride_dod,
-            offs_n, offs_d, start_n, seq_len_q, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
-            dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            (dk, dv), k, v, (offs_n, start_n, 0), q_head, do_head, qdo_strides, dq_head, row_stats, seq_len_q, rng,
+            scales, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
     else:
         # Only the query tiles that can see this key tile; query rows above the causal band are skipped.
@@ -626,8 +553,8 @@ def flash_bwd_dkdv_kernel(
             lo, hi, full_lo, full_hi = intersect_ranges(
                 lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi
             )
-        else:
-            doc_row = DocIds
+        else:  # placeholders: nothing reads them (a tuple cannot hold the None that DocIds is)
+            doc_row = 0
             k_doc = 0
         if SPARSE:
             # The query tiles that touch a kept block of this key tile (the transposed mask, compacted on the host).
@@ -637,13 +564,13 @@ def flash_bwd_dkdv_kernel(
         else:
             n_kept = 0
             kept = KeptIndex
-            block_row = BlockMask
+            block_row = 0
+        masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
+        MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, False)
         dk, dv = _dkdv_query_range(
-            dk, dv, k, v, k_doc, q_head, do_head, dq_head, lse_row, delta_row, doc_row, block_row, stride_block_row,
-            kept, n_kept, stride_qt, stride_qd, stride_dot, stride_dod, offs_n, offs_d, start_n, lo, hi, full_lo,
-            full_hi, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold,
-            dropout_scale, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SPARSE, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST,
-            INPUT_PRECISION, DQ_REDUCE, TMA,
+            (dk, dv), k, v, (offs_n, start_n, k_doc), q_head, do_head, qdo_strides, dq_head, row_stats, kept, n_kept,
+            (lo, hi, full_lo, full_hi), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, DROPOUT,
+            UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
 
     dk_head = head_start(DK, b, h, stride_dkb, stride_dkh)
@@ -666,42 +593,31 @@ def _dq_tile(
     dq,
     q,
     do,
-    lse2,
-    delta,
-    q_pos,
-    q_doc,
+    rows,
+    row_stats,
     k_src,
     v_src,
-    doc_row,
-    block_row,
-    stride_block_row,
-    offs_m,
     start_n,
-    seq_len_q,
-    seq_len_k,
-    window_size,
-    qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
-    dropout_scale,
+    masking,
+    rng,
+    scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """Accumulate dQ of one query tile over the key tile at start_n.
-    k_src, v_src: tensor descriptors of this head's K and V (TMA), or pointers to the tile's Kᵀ and Vᵀ."""
+    """Accumulate dQ of one query tile over the key tile at start_n. k_src, v_src: tensor descriptors of this
+    head's K and V (TMA), or pointers to the tile's Kᵀ and Vᵀ. rows, row_stats = (LSE·log2 e, δ) of the rows,
+    masking, rng, scales and MASKS: as built by `flash_bwd_dq_kernel`."""
+    offs_m, q_pos, q_doc = rows
+    lse2, delta = row_stats
+    seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row = masking
+    qk_scale, dropout_scale = scales
+    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, _ = MASKS  # EXTRA_MASKS acts on the loops, not on a tile
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASKED:
         col_ok = offs_n < seq_len_k
@@ -719,9 +635,7 @@ def _dq_tile(
         vT = vT.to(tl.float32)
 
     if DROPOUT:  # independent of the products below, so it can overlap with them
-        keep = dropout_keep_mask(
-            seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
-        )
+        keep = dropout_keep_mask(rng, offs_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     s = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
     p = tl.exp2(s * qk_scale - lse2[:, None])
     if MASKED:
@@ -748,50 +662,33 @@ def _dq_tiles(
     dq,
     q,
     do,
-    lse2,
-    delta,
-    q_pos,
-    q_doc,
+    rows,
+    row_stats,
     k_head,
     v_head,
-    doc_row,
-    block_row,
-    stride_block_row,
+    kv_strides,
     kept,
-    stride_kt,
-    stride_kd,
-    stride_vt,
-    stride_vd,
-    offs_m,
-    offs_d,
     lo,
     hi,
-    seq_len_q,
-    seq_len_k,
-    window_size,
-    qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
-    dropout_scale,
+    masking,
+    rng,
+    scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     MASKED: tl.constexpr,
     INDEXED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
     """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
-    k_head, v_head: this head's K and V, as tensor descriptors (TMA) or pointers."""
+    k_head, v_head: this head's K and V, as tensor descriptors (TMA) or pointers with kv_strides =
+    (stride_kt, stride_kd, stride_vt, stride_vd)."""
+    stride_kt, stride_kd, stride_vt, stride_vd = kv_strides
+    offs_d = tl.arange(0, HEAD_DIM)
     if INDEXED:
         for i in range(lo, hi):
             start_n = tl.multiple_of(tl.load(kept + i) * BLOCK_N, BLOCK_N)
@@ -802,19 +699,15 @@ def _dq_tiles(
                 k_tile = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
                 v_tile = v_head + offs_n[None, :] * stride_vt + offs_d[:, None] * stride_vd  # (D, BLOCK_N)
             dq = _dq_tile(
-                dq, q, do, lse2, delta, q_pos, q_doc, k_tile, v_tile, doc_row, block_row, stride_block_row, offs_m,
-                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-                dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
-                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                dq, q, do, rows, row_stats, k_tile, v_tile, start_n, masking, rng, scales, BLOCK_M, BLOCK_N, MASKED,
+                MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     elif TMA:
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             dq = _dq_tile(
-                dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, offs_m,
-                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-                dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
-                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                dq, q, do, rows, row_stats, k_head, v_head, start_n, masking, rng, scales, BLOCK_M, BLOCK_N, MASKED,
+                MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     else:
         offs_n = lo + tl.arange(0, BLOCK_N)
@@ -823,10 +716,8 @@ def _dq_tiles(
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             dq = _dq_tile(
-                dq, q, do, lse2, delta, q_pos, q_doc, kT_ptrs, vT_ptrs, doc_row, block_row, stride_block_row, offs_m,
-                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-                dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER,
-                SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                dq, q, do, rows, row_stats, kT_ptrs, vT_ptrs, start_n, masking, rng, scales, BLOCK_M, BLOCK_N, MASKED,
+                MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
             kT_ptrs += BLOCK_N * stride_kt
             vT_ptrs += BLOCK_N * stride_vt
@@ -838,52 +729,32 @@ def _dq_key_range(
     dq,
     q,
     do,
-    lse2,
-    delta,
-    q_pos,
-    q_doc,
+    rows,
+    row_stats,
     k_head,
     v_head,
-    doc_row,
-    block_row,
-    stride_block_row,
+    kv_strides,
     kept,
     n_kept,
-    stride_kt,
-    stride_kd,
-    stride_vt,
-    stride_vd,
-    offs_m,
-    offs_d,
-    lo,
-    hi,
-    full_lo,
-    full_hi,
-    seq_len_q,
-    seq_len_k,
-    window_size,
-    qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
-    dropout_scale,
+    ranges,
+    masking,
+    rng,
+    scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     SPARSE: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
-    EXTRA_MASKS: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """Same split as the forward: masked run, mask-free run, masked run (causal band or ragged tail)."""
+    """Key tiles of ranges = (lo, hi, full_lo, full_hi), split as in the forward: masked run, mask-free run, masked
+    run (causal band or ragged tail)."""
+    lo, hi, full_lo, full_hi = ranges
+    GATHER: tl.constexpr = MASKS[3]
+    EXTRA_MASKS: tl.constexpr = MASKS[5]
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
     if SPARSE:
         if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
@@ -897,22 +768,16 @@ def _dq_key_range(
         head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
     if EXTRA_MASKS:  # causal masking alone has no leading masked run (see the forward)
         dq = _dq_tiles(
-            dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept,
-            stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, head_start, fast_start, seq_len_q, seq_len_k,
-            window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-            True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+            dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, head_start, fast_start, masking, rng,
+            scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
         )  # fmt: skip
     dq = _dq_tiles(
-        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
-        stride_kd, stride_vt, stride_vd, offs_m, offs_d, fast_start, tail_start, seq_len_q, seq_len_k, window_size,
-        qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, False, SPARSE,
-        CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, fast_start, tail_start, masking, rng, scales,
+        BLOCK_M, BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     dq = _dq_tiles(
-        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, stride_kt,
-        stride_kd, stride_vt, stride_vd, offs_m, offs_d, tail_start, tail_end, seq_len_q, seq_len_k, window_size,
-        qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N, True, SPARSE,
-        CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, tail_start, tail_end, masking, rng, scales,
+        BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
     return dq
 
@@ -1040,8 +905,8 @@ def flash_bwd_dq_kernel(
         q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[:, None]
         doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + pid_m * 4)
         lo, hi, full_lo, full_hi = intersect_ranges(lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi)
-    else:
-        doc_row = DocIds
+    else:  # placeholders: nothing reads them (a tuple cannot hold the None that DocIds is)
+        doc_row = 0
         q_doc = 0
     if SPARSE:
         n_kept = tl.load(KeptCount + h * stride_count_h + pid_m)  # head strides are 0 for a shared mask
@@ -1050,12 +915,16 @@ def flash_bwd_dq_kernel(
     else:
         n_kept = 0
         kept = KeptIndex
-        block_row = BlockMask
+        block_row = 0
+    # What the key tiles share, grouped as in the forward, plus the rows' LSE·log2 e and δ.
+    rows = (offs_m, q_pos, q_doc)
+    masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
+    rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
+    MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS)
     dq = _dq_key_range(
-        dq, q, do, lse2, delta, q_pos, q_doc, k_head, v_head, doc_row, block_row, stride_block_row, kept, n_kept,
-        stride_kt, stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_q, seq_len_k,
-        window_size, qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, dropout_scale, BLOCK_M, BLOCK_N,
-        CAUSAL, WINDOW, DOCS, SPARSE, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        dq, q, do, rows, (lse2, delta), k_head, v_head, (stride_kt, stride_kd, stride_vt, stride_vd), kept, n_kept,
+        (lo, hi, full_lo, full_hi), masking, rng, (qk_scale, dropout_scale), BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE,
+        MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
     dq_head = head_start(DQ, b, h, stride_dqb, stride_dqh)

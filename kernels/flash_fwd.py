@@ -18,6 +18,13 @@ A row can see nothing in a tile while its running max is still −inf (a window 
 a block-sparse row is empty). With EXTRA_MASKS (a window, documents or a block mask given) the kernel then
 subtracts 0 instead of −inf, so such rows add exp2(−inf) = 0, and a row that sees no key at all ends with l = 0,
 which gives o = 0 and LSE = −inf. Plain causal masking needs none of this: every row sees key 0 first.
+
+Arguments: the kernel takes flat launch arguments (tensors, strides, scalars, the masks' schedules). What every
+tile reads travels below it in a few tuples built once per program: `rows` (query indices, absolute positions,
+document ids), `masking` (Tq, Tk, the window, this batch's document ids and this head's block-mask rows with their
+stride), `rng` (this head's dropout stream: seed, offset, head, threshold), and the masks given as one constexpr
+tuple `MASKS` = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS). The grouping changes no machine code
+(`scripts/kernel_sass.py --same-as` compares the sm_90a code of every pass).
 """
 
 import triton
@@ -32,44 +39,31 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 @triton.jit
 def _forward_tile(
-    acc,
-    l_i,
-    m_i,
+    state,
     q,
-    q_pos,
-    q_doc,
+    rows,
     k_src,
     v_src,
-    doc_row,
-    block_row,
-    stride_block_row,
-    offs_m,
     start_n,
-    seq_len_q,
-    seq_len_k,
-    window_size,
+    masking,
+    rng,
     qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
-    EXTRA_MASKS: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """Online-softmax update with the key tile at start_n. MASKED tiles apply the length mask and every mask.
-    k_src, v_src: tensor descriptors of this head's K and V (TMA), or pointers to the tile's Kᵀ and V."""
+    """Online-softmax update of state = (acc, l, m) with the key tile at start_n. MASKED tiles apply the length
+    mask and every mask. k_src, v_src: tensor descriptors of this head's K and V (TMA), or pointers to the tile's Kᵀ
+    and V. rows, masking, rng and MASKS: as built by `flash_fwd_kernel`."""
+    acc, l_i, m_i = state
+    offs_m, q_pos, q_doc = rows
+    seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row = masking
+    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS = MASKS
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASKED:
         in_bounds = offs_n < seq_len_k
@@ -87,9 +81,7 @@ def _forward_tile(
         v = v.to(tl.float32)
 
     if DROPOUT:  # independent of the products below, so it can overlap with them
-        keep = dropout_keep_mask(
-            seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len_k, dropout_threshold, BLOCK_M, BLOCK_N
-        )
+        keep = dropout_keep_mask(rng, offs_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
     if MASKED:
         k_doc = tl.load(doc_row + offs_n, mask=in_bounds, other=0)[None, :] if DOCS else 0
@@ -123,52 +115,34 @@ def _forward_tile(
 
 @triton.jit
 def _forward_tiles(
-    acc,
-    l_i,
-    m_i,
+    state,
     q,
-    q_pos,
-    q_doc,
+    rows,
     k_src,
     v_src,
-    doc_row,
-    block_row,
-    stride_block_row,
+    kv_strides,
     kept,
-    stride_kt,
-    stride_kd,
-    stride_vt,
-    stride_vd,
-    offs_m,
-    offs_d,
     lo,
     hi,
-    seq_len_q,
-    seq_len_k,
-    window_size,
+    masking,
+    rng,
     qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     MASKED: tl.constexpr,
     INDEXED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
-    EXTRA_MASKS: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
     """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
-    k_src, v_src: this head's K and V, as tensor descriptors (TMA) or pointers."""
+    k_src, v_src: this head's K and V, as tensor descriptors (TMA) or pointers with kv_strides =
+    (stride_kt, stride_kd, stride_vt, stride_vd)."""
+    stride_kt, stride_kd, stride_vt, stride_vd = kv_strides
+    offs_d = tl.arange(0, HEAD_DIM)
     if INDEXED:
         for i in range(lo, hi):
             start_n = tl.multiple_of(tl.load(kept + i) * BLOCK_N, BLOCK_N)
@@ -178,19 +152,15 @@ def _forward_tiles(
                 offs_n = start_n + tl.arange(0, BLOCK_N)
                 kT_tile = k_src + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
                 v_tile = v_src + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
-            acc, l_i, m_i = _forward_tile(
-                acc, l_i, m_i, q, q_pos, q_doc, kT_tile, v_tile, doc_row, block_row, stride_block_row, offs_m,
-                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-                dropout_threshold, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS,
+            state = _forward_tile(
+                state, q, rows, kT_tile, v_tile, start_n, masking, rng, qk_scale, BLOCK_M, BLOCK_N, MASKED, MASKS,
                 DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     elif TMA:
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
-            acc, l_i, m_i = _forward_tile(
-                acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, offs_m,
-                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-                dropout_threshold, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS,
+            state = _forward_tile(
+                state, q, rows, k_src, v_src, start_n, masking, rng, qk_scale, BLOCK_M, BLOCK_N, MASKED, MASKS,
                 DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     else:
@@ -199,69 +169,46 @@ def _forward_tiles(
         v_ptrs = v_src + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
-            acc, l_i, m_i = _forward_tile(
-                acc, l_i, m_i, q, q_pos, q_doc, kT_ptrs, v_ptrs, doc_row, block_row, stride_block_row, offs_m,
-                start_n, seq_len_q, seq_len_k, window_size, qk_scale, bh, seed, offset_lo, offset_hi,
-                dropout_threshold, BLOCK_M, BLOCK_N, MASKED, CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS,
+            state = _forward_tile(
+                state, q, rows, kT_ptrs, v_ptrs, start_n, masking, rng, qk_scale, BLOCK_M, BLOCK_N, MASKED, MASKS,
                 DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
             kT_ptrs += BLOCK_N * stride_kt
             v_ptrs += BLOCK_N * stride_vt
-    return acc, l_i, m_i
+    return state
 
 
 @triton.jit
 def _forward_key_range(
-    acc,
-    l_i,
-    m_i,
+    state,
     q,
-    q_pos,
-    q_doc,
+    rows,
     k_src,
     v_src,
-    doc_row,
-    block_row,
-    stride_block_row,
+    kv_strides,
     kept,
     n_kept,
-    stride_kt,
-    stride_kd,
-    stride_vt,
-    stride_vd,
-    offs_m,
-    offs_d,
-    lo,
-    hi,
-    full_lo,
-    full_hi,
-    seq_len_q,
-    seq_len_k,
-    window_size,
+    ranges,
+    masking,
+    rng,
     qk_scale,
-    bh,
-    seed,
-    offset_lo,
-    offset_hi,
-    dropout_threshold,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    WINDOW: tl.constexpr,
-    DOCS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     SPARSE: tl.constexpr,
-    GATHER: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr,
-    EXTRA_MASKS: tl.constexpr,
+    MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """Key tiles [lo, hi): a masked run, the mask-free run inside [full_lo, full_hi), and a masked run. With plain
-    causal masking the first run is empty (and not compiled) and the last is the diagonal band; without masks the
-    last is the ragged tile when Tk is not a multiple of BLOCK_N. Under a block mask, only the listed tiles of
-    each run."""
+    """Key tiles of ranges = (lo, hi, full_lo, full_hi): a masked run, the mask-free run inside [full_lo, full_hi),
+    and a masked run. With plain causal masking the first run is empty (and not compiled) and the last is the
+    diagonal band; without masks the last is the ragged tile when Tk is not a multiple of BLOCK_N. Under a block
+    mask, only the listed tiles of each run."""
+    lo, hi, full_lo, full_hi = ranges
+    GATHER: tl.constexpr = MASKS[3]
+    EXTRA_MASKS: tl.constexpr = MASKS[5]
     start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
     if SPARSE:
         if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
@@ -275,25 +222,19 @@ def _forward_key_range(
     else:
         head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
     if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
-        acc, l_i, m_i = _forward_tiles(
-            acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt,
-            stride_kd, stride_vt, stride_vd, offs_m, offs_d, head_start, fast_start, seq_len_q, seq_len_k, window_size,
-            qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL,
-            WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        state = _forward_tiles(
+            state, q, rows, k_src, v_src, kv_strides, kept, head_start, fast_start, masking, rng, qk_scale, BLOCK_M,
+            BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
         )  # fmt: skip
-    acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt, stride_kd,
-        stride_vt, stride_vd, offs_m, offs_d, fast_start, tail_start, seq_len_q, seq_len_k, window_size, qk_scale, bh,
-        seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, False, SPARSE, CAUSAL, WINDOW, DOCS, GATHER,
-        SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+    state = _forward_tiles(
+        state, q, rows, k_src, v_src, kv_strides, kept, fast_start, tail_start, masking, rng, qk_scale, BLOCK_M,
+        BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
-    acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, stride_kt, stride_kd,
-        stride_vt, stride_vd, offs_m, offs_d, tail_start, tail_end, seq_len_q, seq_len_k, window_size, qk_scale, bh,
-        seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, True, SPARSE, CAUSAL, WINDOW, DOCS, GATHER,
-        SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+    state = _forward_tiles(
+        state, q, rows, k_src, v_src, kv_strides, kept, tail_start, tail_end, masking, rng, qk_scale, BLOCK_M,
+        BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
-    return acc, l_i, m_i
+    return state
 
 
 @triton.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold", "window_size"])
@@ -396,8 +337,8 @@ def flash_fwd_kernel(
         q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[:, None]
         doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + pid_m * 4)
         lo, hi, full_lo, full_hi = intersect_ranges(lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi)
-    else:
-        doc_row = DocIds
+    else:  # placeholders: nothing reads them (a tuple cannot hold the None that DocIds is)
+        doc_row = 0
         q_doc = 0
     if SPARSE:
         # The key tiles that touch a kept block of this query tile: an ascending list built on the host. Head
@@ -408,12 +349,17 @@ def flash_fwd_kernel(
     else:
         n_kept = 0
         kept = KeptIndex
-        block_row = BlockMask
+        block_row = 0
+    # What the tiles share, grouped: the query rows (index, absolute position, document), what the elementwise mask
+    # reads, this head's dropout stream, and the masks given (compile-time flags).
+    rows = (offs_m, q_pos, q_doc)
+    masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
+    rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
+    MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS)
     acc, l_i, m_i = _forward_key_range(
-        acc, l_i, m_i, q, q_pos, q_doc, k_src, v_src, doc_row, block_row, stride_block_row, kept, n_kept, stride_kt,
-        stride_kd, stride_vt, stride_vd, offs_m, offs_d, lo, hi, full_lo, full_hi, seq_len_q, seq_len_k, window_size,
-        qk_scale, bh, seed, offset_lo, offset_hi, dropout_threshold, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, DOCS, SPARSE,
-        GATHER, SPARSE_BLOCK, EXTRA_MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        (acc, l_i, m_i), q, rows, k_src, v_src, (stride_kt, stride_kd, stride_vt, stride_vd), kept, n_kept,
+        (lo, hi, full_lo, full_hi), masking, rng, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, DROPOUT,
+        UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
     if EXTRA_MASKS:  # a row that saw no key has l = 0 and acc = 0: o = 0 and LSE = −inf + log2(1) = −inf

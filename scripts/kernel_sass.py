@@ -8,6 +8,7 @@ conversions). A static A/B for a kernel change costs no GPU time:
 
     python scripts/kernel_sass.py --head-dim 64 --seq-len 16384 --passes fwd,bwd_dq,bwd_dkdv
     python scripts/kernel_sass.py --passes fwd --dump /tmp/sass      # also writes each kernel's SASS
+    python scripts/kernel_sass.py --passes fwd --same-as /tmp/sass   # after a refactor: is the code unchanged?
 
 The counts are of the whole kernel (every loop copy: masked and mask-free runs), not of executed instructions.
 """
@@ -27,6 +28,7 @@ from triton.runtime import driver
 
 HOPPER = GPUTarget("cuda", 90, 32)
 PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
+MASKS = ("none", "window", "documents", "blocks")
 # Opcode families worth watching in an attention kernel: tensor-core products, the exp2 unit, fp32 arithmetic,
 # fp32 -> bf16 packing, shuffles (row reductions) and spills.
 FAMILIES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "F2FP", "SHFL", "STL", "LDL")
@@ -52,10 +54,26 @@ def _triton_bin(tool: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool)
 
 
-def compile_passes(passes: list[str], head_dim: int, seq_len: int, dropout: float) -> dict[str, object]:
-    """{pass: compiled kernel} at the tuned Hopper configuration for B = 1, H = 1, causal, bf16."""
+def _masks(kind: str, seq_len: int, tiles: tuple) -> object:
+    """A FlashMask of one kind (none, window, documents, blocks) with schedules for the given tilings."""
+    from flashgpt.kernels.tile_schedule import FlashMask
+
+    if kind == "none":
+        return None
+    if kind == "window":
+        return FlashMask.build(seq_len, seq_len, tiles, window_size=seq_len // 4)
+    if kind == "documents":
+        return FlashMask.build(seq_len, seq_len, tiles, document_ids=torch.arange(seq_len)[None] * 3 // seq_len)
+    blocks = -(-seq_len // 128)
+    block_mask = torch.rand(1, blocks, blocks, generator=torch.Generator().manual_seed(0)) < 0.3
+    return FlashMask.build(seq_len, seq_len, tiles, block_mask=block_mask, block_size=128)
+
+
+def compile_passes(passes: list[str], head_dim: int, seq_len: int, dropout: float, mask: str) -> dict[str, object]:
+    """{pass: compiled kernel} at the tuned Hopper configuration for B = 1, H = 1, causal, bf16, with a mask."""
     driver.set_active(_HopperWithoutGpu())
     from flashgpt.kernels import launch  # after the driver, so that nothing asks for a real GPU
+    from flashgpt.kernels.tile_schedule import tile_key
     from flashgpt.kernels.tuning import launch_config
 
     compiled: dict[str, object] = {}
@@ -74,15 +92,16 @@ def compile_passes(passes: list[str], head_dim: int, seq_len: int, dropout: floa
         return launch_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len, interpreting=False,
                              hopper=True)  # fmt: skip
 
+    masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in PASSES))
     for current in passes:
         if current == "fwd":
-            launch.launch_forward(q, k, v, o, lse, params, cfg("fwd"))
+            launch.launch_forward(q, k, v, o, lse, params, cfg("fwd"), masks)
         elif current == "bwd_dq":
-            launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), o=o)
+            launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o)
         elif current == "bwd_dkdv":
-            launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"))
+            launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)
         else:
-            launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_fused"), dq_acc=dq_acc,
+            launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_fused"), masks, dq_acc=dq_acc,
                                dq_reduce="tma")  # fmt: skip
     return compiled
 
@@ -104,22 +123,35 @@ def inspect(cubin: bytes) -> tuple[dict[str, int], str]:
     return info, sass
 
 
+def instructions(sass: str) -> list[str]:
+    """The instruction stream of a SASS listing, without addresses, labels' numbering or source-line comments."""
+    lines = []
+    for line in sass.splitlines():
+        line = line.split("/*", 2)[-1] if line.lstrip().startswith("/*") else line
+        if line.strip() and not line.lstrip().startswith("//"):
+            lines.append(re.sub(r"\.L_x_\d+", ".L", line.split("*/", 1)[-1]).strip())
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=16384, help="picks the tuned configuration's T bucket")
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--passes", default=",".join(PASSES[:3]), help=f"comma-separated, of {', '.join(PASSES)}")
+    parser.add_argument("--mask", choices=MASKS, default="none", help="the mask the kernels are specialised for")
     parser.add_argument("--dump", type=Path, default=None, help="write <pass>.sass here")
+    parser.add_argument("--same-as", type=Path, default=None, help="a --dump folder: exit 1 unless the code matches")
     args = parser.parse_args()
     passes = args.passes.split(",")
     if unknown := set(passes) - set(PASSES):
         parser.error(f"unknown passes {sorted(unknown)}; choose from {', '.join(PASSES)}")
 
-    compiled = compile_passes(passes, args.head_dim, args.seq_len, args.dropout)
+    compiled = compile_passes(passes, args.head_dim, args.seq_len, args.dropout, args.mask)
     columns = ("reg", "local", "shared", *FAMILIES, "total")
-    print(f"sm_90a, D={args.head_dim}, T={args.seq_len}, dropout={args.dropout}, causal, bf16")
+    print(f"sm_90a, D={args.head_dim}, T={args.seq_len}, dropout={args.dropout}, mask {args.mask}, causal, bf16")
     print(f"{'pass':10s}" + "".join(f"{c:>8s}" for c in columns))
+    differ = []
     for name, kernel in compiled.items():
         info, sass = inspect(kernel.asm["cubin"])
         info["shared"] = kernel.metadata.shared  # static and dynamic (pipeline buffers), bytes
@@ -127,6 +159,12 @@ def main() -> None:
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / f"{name}.sass").write_text(sass)
+        if args.same_as and instructions(sass) != instructions((args.same_as / f"{name}.sass").read_text()):
+            differ.append(name)
+    if args.same_as:
+        print(f"machine code differs from {args.same_as}: {', '.join(differ)}" if differ else
+              f"machine code identical to {args.same_as}")  # fmt: skip
+        raise SystemExit(1 if differ else 0)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def _keep_mask_kernel(out, seed, offset_lo, offset_hi, bh, n_rows, seq_len, thre
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     start_n = tl.program_id(1) * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    keep = dropout_keep_mask(seed, offset_lo, offset_hi, bh, offs_m, start_n, seq_len, threshold, BLOCK_M, BLOCK_N)
+    keep = dropout_keep_mask((seed, offset_lo, offset_hi, bh, threshold), offs_m, start_n, seq_len, BLOCK_M, BLOCK_N)
     inside = (offs_m[:, None] < n_rows) & (offs_n[None, :] < seq_len)
     tl.store(out + offs_m[:, None] * seq_len + offs_n[None, :], keep.to(tl.int8), mask=inside)
 

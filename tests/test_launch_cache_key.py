@@ -56,3 +56,36 @@ def test_every_specialisation_changes_the_key(launcher, change, constexprs):
 
 def test_device_is_part_of_the_key(launcher):
     assert launcher.key(1, _args(), {"BLOCK": 16}) != launcher.key(0, _args(), {"BLOCK": 16})
+
+
+def test_the_direct_launcher_is_on_for_the_triton_release_ci_installs():
+    """The direct path is checked against one Triton release; CI installs it, so a Triton upgrade shows here first
+    (re-check the launcher on a GPU, then move TESTED_TRITON)."""
+    import triton
+
+    from flashgpt.kernels import fast_launch
+
+    assert triton.__version__.startswith(fast_launch.TESTED_TRITON) and fast_launch.DIRECT_LAUNCH
+
+
+class _RecordingKernel:
+    """Stands for a JIT kernel: `kernel[grid](*args, **constexprs)` records the call (Triton's own path)."""
+
+    def __init__(self) -> None:
+        fn = JITFunction(_kernel, do_not_specialize=["seed"])
+        self.arg_names, self.params, self.calls = fn.arg_names, fn.params, []
+
+    def __getitem__(self, grid):
+        return lambda *args, **constexprs: self.calls.append((grid, args, constexprs))
+
+
+def test_another_triton_release_takes_tritons_own_path_on_every_call(monkeypatch):
+    from flashgpt.kernels import fast_launch
+
+    monkeypatch.setattr(fast_launch, "DIRECT_LAUNCH", False)
+    kernel = _RecordingKernel()
+    launcher = FastLauncher(kernel)
+    for _ in range(3):  # the direct path would take a CUDA device after the first call; this one never does
+        launcher((2, 3), *_args(), BLOCK=16)
+    assert [(grid, constexprs) for grid, _, constexprs in kernel.calls] == [((2, 3), {"BLOCK": 16})] * 3
+    assert not launcher._entries
