@@ -8,6 +8,8 @@
 #                                            # FlashAttention-2, D = 64 and 128, dropout 0 / 0.1, host time per call,
 #                                            # and the GPU check at head dims 40..256
 #   bash scripts/gpu_benchmarks.sh tune-backward  # the fused backward's tiles and the fused/split choice per shape
+#   bash scripts/gpu_benchmarks.sh ab        # the working tree's kernels vs a baseline copy in .ab/ (one process)
+#   bash scripts/gpu_benchmarks.sh ncu       # Nsight Compute: our fwd/bwd kernels and cuDNN's, D = 64, T = 16K
 #   bash scripts/gpu_benchmarks.sh masks     # masked kernel vs compiled FlexAttention at T = 4K, 16K
 #   bash scripts/gpu_benchmarks.sh train     # train.py's step (naive/flash/sdpa) vs a compiled nanoGPT-style step
 #   bash scripts/gpu_benchmarks.sh masks64k  # GPT-2 124M at 64K: dense, sliding window, documents, block-sparse
@@ -30,7 +32,7 @@ context_run() {
 }
 ONE_GPU=(python train.py)
 CP2=(torchrun --standalone --nproc_per_node=2 train.py parallel.context=2)
-case "${1:?part: kernels | tune-backward | masks | train | masks64k | context | context-long}" in
+case "${1:?part: kernels | tune-backward | ab | ncu | masks | train | masks64k | context | context-long}" in
   kernels)
     python scripts/bench_attention.py --provider flash,flash_deterministic,sdpa_cudnn,sdpa_flash --head-dims 64 \
       --dropout 0,0.1 --out "$OUT/bench_attention_d64.json" 2>&1 | tee "$OUT/bench_attention_d64.log"
@@ -42,6 +44,16 @@ case "${1:?part: kernels | tune-backward | masks | train | masks64k | context | 
   tune-backward)
     python scripts/tune_attention.py --head-dims 64,128 --dropout 0,0.1 --passes bwd_fused \
       --out kernels/tuned_h100.json --log "$OUT/tune_fused.json" 2>&1 | tee "$OUT/tune_fused.log"
+    ;;
+  ab)  # a kernel change against a baseline copy of kernels/, prepared beside the checkout and carried along:
+       # mkdir -p .ab/baseline && git archive <ref> kernels | tar -x -C .ab/baseline
+    python scripts/ab_kernels.py --baseline .ab/baseline/kernels --passes fwd,bwd --head-dims 64,128 \
+      --seq-lens 1024,4096,16384 --dropout 0,0.1 --rounds 3 --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log"
+    ;;
+  ncu)  # Nsight Compute on one fwd+bwd per provider (ours default and deterministic, cuDNN), D = 64, T = 16K
+    ncu --clock-control none --profile-from-start off --set full -o "$OUT/attn_d64_16k" \
+      python scripts/ncu_attention.py > "$OUT/ncu.log" 2>&1
+    ncu --import "$OUT/attn_d64_16k.ncu-rep" --page details --csv > "$OUT/attn_d64_16k_details.csv"
     ;;
   masks)
     python scripts/bench_masks.py --seq-lens 4096,16384 --out "$OUT/bench_masks.json" 2>&1 | tee "$OUT/bench_masks.log"
