@@ -2,8 +2,9 @@
 
 In:  `train.py model=gpt2 model.init_from=hf:gpt2` (a Hub name, or a local directory written by `save_pretrained`),
      or `load_into(model, "hf:<dir or name>")` on a `GPT` built with the source's n_layer, n_head and d_model.
-Out: `python -m flashgpt.model.hf export <run dir>/checkpoints/latest.pt <out dir>` writes config.json and
-     model.safetensors; `GPT2LMHeadModel.from_pretrained(<out dir>)` loads it (the tokenizer is GPT-2's own).
+Out: `export(model, out_dir)` writes config.json and model.safetensors, which `GPT2LMHeadModel.from_pretrained`
+     loads (the tokenizer is GPT-2's own); `python -m flashgpt.training.export <checkpoint> <out dir>` does it for a
+     training checkpoint.
 
 The mapping, per block (transformers' name -> ours). Conv1D computes x @ W with W of shape (in, out); nn.Linear
 computes x @ Wᵀ with W of shape (out, in): the four matmul weights are transposed, everything else is copied.
@@ -26,12 +27,9 @@ keeps the first n_positions positions exact and starts every later one from a tr
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import shutil
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -274,49 +272,3 @@ def export(model: GPT, out_dir: Path, vocab_size: int = GPT2_VOCAB, force: bool 
         out_dir.unlink(missing_ok=True)
     staging.rename(out_dir)
     return out_dir
-
-
-def model_from_checkpoint(checkpoint: Path) -> GPT:
-    """The model of a training checkpoint (checkpoints/latest.pt), with the shape its saved config recorded."""
-    from flashgpt.training.checkpoint import load_training_state  # weights-only, verified load of a trainer's file
-
-    state = load_training_state(checkpoint)
-    saved = state["config"]
-    attention = saved["attention"]
-    window, sparse = attention.get("window_size"), (attention.get("block_sparse") or {}).get("pattern")
-    documents = saved.get("data", {}).get("document_mask", False)
-    if window is not None or sparse is not None or documents:
-        raise ValueError(
-            f"{checkpoint} was trained with attention.window_size={window}, attention.block_sparse.pattern={sparse}, "
-            f"data.document_mask={documents}: GPT-2 in transformers attends to every earlier token, so its export "
-            "would compute something else"
-        )
-    fields = ModelConfig.__dataclass_fields__
-    cfg = ModelConfig(**{key: value for key, value in saved["model"].items() if key in fields})
-    check_learned_positions(cfg, f"GPT-2 export of {checkpoint}")
-    model = GPT(cfg, saved["seq_len"], "sdpa")  # the backend does not matter to the weights
-    model.load_state_dict(state["model"])
-    return model
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Export a training checkpoint as a transformers GPT-2 directory.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    export_parser = commands.add_parser("export", help="checkpoint -> directory that GPT2LMHeadModel loads")
-    export_parser.add_argument("checkpoint", type=Path, help="e.g. runs/<date>/<time>/checkpoints/latest.pt")
-    export_parser.add_argument("out_dir", type=Path)
-    export_parser.add_argument("--vocab-size", type=int, default=GPT2_VOCAB, help="token rows to keep (GPT-2: 50257)")
-    export_parser.add_argument("--force", action="store_true", help="replace out_dir if it is not empty")
-    args = parser.parse_args(argv)
-    if not args.checkpoint.is_file():
-        parser.error(f"{args.checkpoint}: no such checkpoint file")
-    try:
-        out = export(model_from_checkpoint(args.checkpoint), args.out_dir, args.vocab_size, args.force)
-    except (ValueError, FileExistsError) as error:  # CheckpointError is a ValueError
-        parser.error(str(error))
-    print(f"wrote {out}: load it with transformers.GPT2LMHeadModel.from_pretrained({str(out)!r})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,21 +15,18 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
 
 from flashgpt.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
-from flashgpt.model.attention import AttentionConfig
-from flashgpt.model.backends import ATTENTION_BACKENDS, prepare_backend
+from flashgpt.model.backends import ATTENTION_BACKENDS
 from flashgpt.model.generation import generate
-from flashgpt.model.gpt import GPT, ModelConfig
-from flashgpt.model.sparsity import BlockSparseConfig
-from flashgpt.training.checkpoint import CheckpointError, load_training_state
+from flashgpt.training.checkpoint import CheckpointError
 from flashgpt.training.distributed import resolve_device
 from flashgpt.training.precision import autocast
+from flashgpt.training.saved_model import model_from_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,25 +43,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     return parser.parse_args(argv)
-
-
-def attention_config(saved: dict[str, Any], name: str | None) -> AttentionConfig:
-    """The checkpoint's attention config (its masks), with the backend replaced by `name` when given."""
-    fields = {**saved, "block_sparse": BlockSparseConfig(**saved.get("block_sparse", {}))}
-    if name is not None:
-        fields["name"] = name
-    return AttentionConfig(**fields)
-
-
-def load_model(path: Path, attention: str | None, device: torch.device) -> tuple[GPT, dict[str, Any]]:
-    """The checkpoint's model in eval mode on `device`, and the run config it was trained with."""
-    state = load_training_state(path)  # a file that is not a trainer's checkpoint is refused, naming it
-    config = state["config"]
-    att = attention_config(config["attention"], attention)
-    prepare_backend(att.name, device)
-    model = GPT(ModelConfig(**config["model"]), config["seq_len"], att)
-    model.load_state_dict(state["model"])
-    return model.to(device).eval(), config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,9 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     except RuntimeError as error:  # cuda asked for, none there
         sys.exit(str(error))
     try:
-        model, config = load_model(args.checkpoint, args.attention, device)
+        model, config, _ = model_from_checkpoint(args.checkpoint, device, args.attention)
     except CheckpointError as error:
         sys.exit(str(error))
+    model.eval()
     tokenizer = get_tokenizer()
     prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") if args.prompt else [EOT_ID]
     prompt = torch.tensor([prompt_ids] * args.num_samples, dtype=torch.long, device=device)
@@ -102,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
             temperature=args.temperature,
             top_k=args.top_k or None,
             n_vocab=VOCAB_SIZE,
-            document_mask=config["data"].get("document_mask", False),
+            document_mask=config.data.document_mask,
             generator=generator,
         )
     elapsed = time.perf_counter() - started

@@ -42,7 +42,6 @@ from typing import Any
 import torch
 from cli import csv_list  # scripts/ is on sys.path when run as a script
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from study_plan import (
     ROOT,
     STUDY_DIR,
@@ -59,9 +58,6 @@ sys.path.insert(0, str(ROOT))  # the checkout's flashgpt, also where it is not i
 
 from flashgpt.data import DataConfig, load_splits
 from flashgpt.data.shards import prepare_shards, read_doc_ids, shard_dir
-from flashgpt.model.backends import prepare_backend
-from flashgpt.model.gpt import GPT
-from flashgpt.training.checkpoint import load_checkpoint
 from flashgpt.training.config import register_configs, typed_config
 from flashgpt.training.context_eval import (
     long_documents,
@@ -72,6 +68,7 @@ from flashgpt.training.context_eval import (
     token_losses,
 )
 from flashgpt.training.distributed import resolve_device
+from flashgpt.training.saved_model import model_from_checkpoint
 
 SHIP_DIR = ROOT / ".cache" / "ship"
 STUDY_LOG = "study.log"  # stdout and stderr of every job of a run dir
@@ -318,15 +315,8 @@ def print_status(spec: Spec, runs_dir: Path) -> None:
 def evaluate(run_dir: Path, spec: Spec, attention: str | None, device_name: str) -> dict[str, Any]:
     """Every evaluation of training/context_eval.py on the run's latest checkpoint, as one JSON-able dict."""
     started = time.monotonic()
-    checkpoint = run_dir / "checkpoints" / "latest.pt"
-    state = load_checkpoint(checkpoint)
-    config = typed_config(OmegaConf.create(state["config"]))
-    if attention:
-        config.attention.name = attention
     device = resolve_device(device_name)
-    prepare_backend(config.attention.name, device)
-    model = GPT(config.model, config.seq_len, config.attention).to(device)
-    model.load_state_dict(state["model"])
+    model, config, step = model_from_checkpoint(run_dir / "checkpoints" / "latest.pt", device, attention or None)
     splits = load_splits(config.data, prepare_if_missing=False)
     doc_ids = read_doc_ids(Path(splits.meta["shard_dir"]))["val"]
     settings = spec.eval
@@ -348,7 +338,7 @@ def evaluate(run_dir: Path, spec: Spec, attention: str | None, device_name: str)
     passkey = passkey_scores(model, trials, config.seq_len, device, settings.batch_tokens)
     return {
         "run": shown(run_dir),
-        "step": state["step"],
+        "step": step,
         "seq_len": config.seq_len,
         "model": config.model.name,
         "attention": config.attention.name,

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import Any
 
 import wandb
-from report import Run  # scripts/ is on sys.path when run as a script
-
-TABLE_COLUMNS = [f.name for f in fields(Run) if f.name != "loss_by_position"]  # scalars only: one cell each
 
 
-def runs_table(runs: list[Run]) -> wandb.Table:
-    """One row per run, every scalar field of Run as a column."""
-    return wandb.Table(columns=TABLE_COLUMNS, data=[[asdict(run)[c] for c in TABLE_COLUMNS] for run in runs])
+def runs_table(runs: list[Any]) -> wandb.Table:
+    """One row per run (report.py's Run dataclass), every scalar field as a column (the per-position losses, a
+    dict, are left out)."""
+    columns = [f.name for f in fields(runs[0]) if f.name != "loss_by_position"]
+    return wandb.Table(columns=columns, data=[[asdict(run)[c] for c in columns] for run in runs])
 
 
-def log_report(out: Path, groups: dict[str, list[Run]], mode: str, project: str, group: str | None) -> str:
+def log_report(out: Path, groups: dict[str, list[Any]], mode: str, project: str, group: str | None) -> str:
     """Log out/*.png and the groups' runs to a new wandb run named after the report; returns the run's path or,
     offline, its local directory (`wandb sync <dir>` uploads it)."""
     run = wandb.init(project=project, group=group, job_type="report", name=out.name, mode=mode)

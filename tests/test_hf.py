@@ -18,8 +18,10 @@ from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
 from flashgpt.model import hf
 from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.training import export
 from flashgpt.training.checkpoint import save_checkpoint
 from flashgpt.training.config import register_configs, typed_config, validate
+from flashgpt.training.saved_model import model_from_checkpoint
 from training_runs import assert_ok, read_result, train
 
 VOCAB = 50257  # GPT-2's; ours is padded to 50304
@@ -147,7 +149,7 @@ def test_export_refuses_what_gpt2_cannot_compute_or_is_no_checkpoint(
         torch.save({"weights": torch.ones(3)}, path)
         message = f"checkpoint {path} is not a training checkpoint: it lacks model, optimizer"
     with pytest.raises(SystemExit):
-        hf.main(["export", str(path), str(tmp_path / "export")])
+        export.main([str(path), str(tmp_path / "export")])
     assert message in capsys.readouterr().err
     assert not (tmp_path / "export").exists()
 
@@ -233,18 +235,18 @@ def test_a_missing_source_says_what_to_give(tmp_path: Path) -> None:
 
 
 def test_a_trained_checkpoint_goes_out_to_transformers_and_back_in_through_init_from(tmp_path: Path) -> None:
-    """train.py -> `python -m flashgpt.model.hf export` -> transformers loads it with the checkpoint's logits ->
+    """train.py -> `python -m flashgpt.training.export` -> transformers loads it with the checkpoint's logits ->
     train.py model.init_from=hf:<export> starts from it: its validation loss (after one step at lr 1e-9) is the
     trained run's, up to the padded rows' bound."""
     trained = tmp_path / "trained"
     assert_ok(train(trained, "train.max_steps=12", "eval.every=12", "checkpoint.every=12"))
     checkpoint, exported = trained / "checkpoints" / "latest.pt", tmp_path / "exported"
-    command = [sys.executable, "-m", "flashgpt.model.hf", "export", str(checkpoint), str(exported)]
+    command = [sys.executable, "-m", "flashgpt.training.export", str(checkpoint), str(exported)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"GPT2LMHeadModel.from_pretrained('{exported}')" in proc.stdout
 
-    ours = hf.model_from_checkpoint(checkpoint).eval()
+    ours = model_from_checkpoint(checkpoint).model.eval()
     reloaded = GPT2LMHeadModel.from_pretrained(exported, attn_implementation="eager").eval()
     idx = tokens(64)
     with torch.no_grad():

@@ -34,11 +34,9 @@ from flashgpt.model.sparsity import (
 from flashgpt.training.config import EvalConfig, register_configs, typed_config, validate
 from flashgpt.training.distributed import DistContext
 from flashgpt.training.evaluation import Evaluator
+from flashgpt.training.saved_model import model_from_checkpoint
 from flashgpt.training.step import TrainStep
 from training_runs import REPO, assert_ok, read_result, train
-
-sys.path.insert(0, str(REPO / "scripts"))
-import sample
 
 TINY = ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128)  # head dim 64, as configs/model/gpt2-tiny
 SEQ_LEN = 80  # 5 blocks of 16: several blocks, and (with 77-token inputs) a partial last one
@@ -528,8 +526,9 @@ def test_a_short_masked_run_trains_and_its_checkpoint_writes_text(tmp_path):
     assert result["status"] == "ok" and result["attention_masks"] in log
 
     checkpoint = run_dir / "checkpoints" / "latest.pt"
-    model, config = sample.load_model(checkpoint, "naive", torch.device("cpu"))
-    assert config["data"]["document_mask"] and model.attention.window_size == 24
+    model, config, _ = model_from_checkpoint(checkpoint, attention="naive")
+    model.eval()
+    assert config.data.document_mask and model.attention.window_size == 24
     assert torch.equal(model.block_layout, strided_blocks(4, stride=2))
     prompt = torch.tensor([get_tokenizer().encode("ROMEO:")])
     tokens = generate(model, prompt, 12, temperature=0.0, n_vocab=VOCAB_SIZE, document_mask=True)

@@ -19,10 +19,8 @@ from flashgpt.model import hf
 from flashgpt.model.generation import generate
 from flashgpt.model.gpt import GPT, ModelConfig, PositionEmbedding, apply_rotary, rotary_tables
 from flashgpt.training.config import register_configs, typed_config, validate
+from flashgpt.training.saved_model import model_from_checkpoint
 from training_runs import REPO, assert_ok, read_metrics, read_result, train
-
-sys.path.insert(0, str(REPO / "scripts"))
-import sample
 
 ROPE = ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128, position_embedding=PositionEmbedding.rope)
 FP32_TABLE_ERROR = 2**-24  # rotary_tables rounds exact float64 values in [-1, 1] to float32: at most half an ulp
@@ -157,7 +155,7 @@ def test_rope_trains_and_its_checkpoint_writes_the_tokens_generate_gives(rope_ru
     assert (result["status"], result["position_embedding"], result["rope_base"]) == ("ok", "rope", 10000.0)
 
     checkpoint = run_dir / "checkpoints" / "latest.pt"
-    model, _ = sample.load_model(checkpoint, "naive", torch.device("cpu"))
+    model = model_from_checkpoint(checkpoint, attention="naive").model.eval()
     assert model.wpe is None
     prompt = torch.tensor([get_tokenizer().encode("ROMEO:")])
     tokens = generate(model, prompt, 12, temperature=0.0, n_vocab=VOCAB_SIZE)
@@ -171,7 +169,7 @@ def test_rope_trains_and_its_checkpoint_writes_the_tokens_generate_gives(rope_ru
 
 def test_rope_is_refused_by_the_hugging_face_export_and_import(rope_run, tmp_path):
     checkpoint = rope_run[0] / "checkpoints" / "latest.pt"
-    command = [sys.executable, "-m", "flashgpt.model.hf", "export", str(checkpoint), str(tmp_path / "out")]
+    command = [sys.executable, "-m", "flashgpt.training.export", str(checkpoint), str(tmp_path / "out")]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and not (tmp_path / "out").exists()
     message = "model.position_embedding=rope, but GPT-2 in transformers has learned absolute positions"
