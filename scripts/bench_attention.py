@@ -46,6 +46,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHORS = ROOT / "results" / "anchors" / "h100-attention.json"
+sys.path.insert(0, str(ROOT))  # the checkout's flashgpt, also where it is not installed (a GPU machine)
+
+# Pure torch, safe before TRITON_INTERPRET is set; the kernel itself is imported when first used (_flash_kernel).
+from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask  # noqa: E402
+from flashgpt.attention_reference import reference_attention, rel_err  # noqa: E402
+
 HEADS = {64: 12, 128: 16}  # GPT-2 shape at D = 64; the anchors' choice at D = 128
 MODEL_WIDTH = 2048  # H·D at any other head dim, as at D = 128 (and in FlashAttention's own benchmark)
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -105,7 +111,6 @@ class Row:
 
 @functools.cache
 def _flash_kernel() -> Callable[..., Tensor]:
-    sys.path.insert(0, str(ROOT))
     from flashgpt.kernels import flash_attention
 
     return flash_attention
@@ -321,24 +326,6 @@ def _progress(row: Row) -> str:
 # --- correctness ------------------------------------------------------------------------------------------
 
 
-def rel_err(actual: Tensor, expected: Tensor) -> float:
-    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
-
-
-def reference(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, keep: Tensor | None = None, p: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """fp32 attention (o, lse) over the last two dims; `keep` applies a given dropout mask."""
-    scores = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
-    if causal:
-        scores = scores.masked_fill(_causal_mask(q.shape[-2], q.device), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    prob = torch.exp(scores - lse[..., None])
-    if keep is not None:
-        prob = prob * keep / (1 - p)
-    return prob @ v.float(), lse
-
-
 def _inputs(case: CheckCase, profile: Profile) -> tuple[Tensor, Tensor, Tensor]:
     b, h, t, d = case.batch, case.heads, case.seq_len, case.head_dim
     opts = {"device": profile.device, "dtype": profile.dtype}
@@ -360,8 +347,10 @@ def _slices(case: CheckCase) -> list[tuple[int, int]]:
 def _reference_grads(
     q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, causal: bool, keep: Tensor | None, p: float
 ) -> dict[str, Tensor]:
+    from flashgpt.kernels.dropout import keep_scale  # with the kernels, once TRITON_INTERPRET is decided
+
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    o, lse = reference(*leaves, causal, keep, p)
+    o, lse = reference_attention(*leaves, causal=causal, keep=keep, keep_scale=keep_scale(p), dtype=torch.float32)
     o.backward(grad_out.float())
     return {
         "o": o.detach(),
@@ -401,20 +390,10 @@ def _seeded(seed: int, fn: Callable[[], Tensor]) -> Tensor:
 
 
 def recover_keep_mask(case: CheckCase, profile: Profile, p: float, seed: int) -> Tensor:
-    """The kernel's dropout mask (B, H, T, T) for `seed`: with q = k = 0 every allowed probability is equal
-    and nonzero, and a one-hot v reads D columns of the dropped probability matrix per call. Valid because
-    the mask depends on the seed and the position only, not on the inputs."""
-    b, h, t, d = case.batch, case.heads, case.seq_len, case.head_dim
-    zeros = torch.zeros(b, h, t, d, device=profile.device, dtype=profile.dtype)
-    keep = torch.zeros(b, h, t, t, dtype=torch.bool, device=profile.device)
-    kernel = _flash_kernel()
-    for start in range(0, t, d):
-        width = min(d, t - start)
-        v = torch.zeros_like(zeros)
-        v[:, :, start : start + width, :width] = torch.eye(width, device=profile.device, dtype=profile.dtype)
-        o = _seeded(seed, lambda v=v: kernel(zeros, zeros, v, causal=case.causal, dropout_p=p))
-        keep[..., start : start + width] = o[..., :width] != 0
-    return keep
+    """The kernel's dropout mask (B, H, T, T) for `seed` (`attention_reference.recover_keep_mask`)."""
+    shape = (case.batch, case.heads, case.seq_len, case.head_dim)
+    attend = functools.partial(_flash_kernel(), causal=case.causal, dropout_p=p)
+    return recover_dropout_mask(attend, shape, case.seq_len, seed, device=profile.device, dtype=profile.dtype)
 
 
 def _keep_rate(keep: Tensor, causal: bool, p: float) -> tuple[float, bool]:

@@ -51,6 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flashgpt.attention_masks import dense_mask  # noqa: E402  (pure torch: safe before TRITON_INTERPRET is set)
+from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask  # noqa: E402  (pure torch too)
+from flashgpt.attention_reference import reference_attention, rel_err  # noqa: E402
 from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask  # noqa: E402
 
 MASKS = ("dense", "window_1k", "window_4k", "documents", "local_global", "strided", "butterfly")
@@ -213,21 +215,6 @@ def flex_fn(case: MaskCase, seq_len: int, batch: int) -> Callable[[Tensor, Tenso
 # --- correctness ------------------------------------------------------------------------------------------
 
 
-def rel_err(actual: Tensor, expected: Tensor) -> float:
-    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
-
-
-def reference(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, keep: Tensor | None = None, p: float = 0.0) -> Tensor:
-    """fp32 softmax over the visible keys (rows with none give 0), times an optional dropout keep-mask."""
-    scores = (q.float() @ k.float().transpose(-2, -1)) * q.shape[-1] ** -0.5
-    prob = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
-    if keep is not None:
-        from flashgpt.kernels.dropout import keep_scale
-
-        prob = prob * keep * keep_scale(p)
-    return prob @ v.float()
-
-
 def _inputs(batch: int, seq_len: int, profile: Profile) -> list[Tensor]:
     opts = {"device": profile.device, "dtype": profile.dtype, "requires_grad": True}
     return [torch.randn(batch, 2, seq_len, HEAD_DIM, **opts) for _ in range(3)]
@@ -243,8 +230,10 @@ def _compare(fn: Callable, q: Tensor, k: Tensor, v: Tensor, want: dict[str, Tens
 
 
 def _reference_grads(q, k, v, visible, do, keep=None, p=0.0) -> dict[str, Tensor]:
+    from flashgpt.kernels.dropout import keep_scale  # with the kernels, once TRITON_INTERPRET is decided
+
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    o = reference(*leaves, visible, keep, p)
+    o, _ = reference_attention(*leaves, visible, keep=keep, keep_scale=keep_scale(p), dtype=torch.float32)
     grads = torch.autograd.grad(o, leaves, do.float())
     return {"o": o.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2], "do": do}
 
@@ -263,19 +252,10 @@ def check_mask(name: str, profile: Profile, with_flex: bool) -> dict:
 
 
 def recover_keep_mask(case: MaskCase, batch: int, seq_len: int, profile: Profile, seed: int) -> Tensor:
-    """The kernel's keep-mask at visible pairs for `seed`: with q = k = 0 each visible probability is nonzero,
-    and a one-hot v reads D key columns of the dropped probability matrix per call."""
-    zeros = torch.zeros(batch, 2, seq_len, HEAD_DIM, device=profile.device, dtype=profile.dtype)
-    keep = torch.zeros(batch, 2, seq_len, seq_len, dtype=torch.bool, device=profile.device)
+    """The kernel's keep-mask at visible pairs for `seed` (`attention_reference.recover_keep_mask`)."""
     attend = flash_fn(case, DROPOUT, seq_len, profile.dtype)
-    for start in range(0, seq_len, HEAD_DIM):
-        width = min(HEAD_DIM, seq_len - start)
-        v = torch.zeros_like(zeros)
-        v[:, :, start : start + width, :width] = torch.eye(width, device=profile.device, dtype=profile.dtype)
-        torch.manual_seed(seed)
-        o = attend(zeros, zeros, v)
-        keep[..., start : start + width] = o[..., :width] != 0
-    return keep
+    shape = (batch, 2, seq_len, HEAD_DIM)
+    return recover_dropout_mask(attend, shape, seq_len, seed, device=profile.device, dtype=profile.dtype)
 
 
 def check_dropout(name: str, profile: Profile, seed: int = 1234) -> dict:

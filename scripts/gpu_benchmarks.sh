@@ -19,6 +19,7 @@
 #                                                # checkpointing
 set -euo pipefail
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout's flashgpt where it is not installed
 OUT=${OUT:-results/gpu-$(date +%F)}
 mkdir -p "$OUT"
 # One train.py run of the context parts: NAME COMMAND... (train.py and its launcher); result and metrics to $OUT.

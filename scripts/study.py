@@ -7,7 +7,7 @@
     python scripts/study_report.py results/context        # report.md and plots from raw/, no GPU
     python scripts/study.py eval runs/context/seed0/1024 --study context   # the evaluations alone, on any run
 
-`run` trains every recipe's runs (scripts/study_plan.py says which), one train.py process per job, into
+`run` trains every recipe's runs (training/study_plan.py says which), one train.py process per job, into
 runs/<study>/<run>, then scores each recipe's final model with `eval` into runs/<study>/evals/. It stops before
 --budget-min minutes are up (a training job past the budget is stopped and continues from its last checkpoint next
 time; an evaluation is not started unless it fits) and says "study complete" when nothing is left. Everything it
@@ -26,11 +26,8 @@ import argparse
 import datetime
 import io
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tarfile
 import time
@@ -42,19 +39,8 @@ from typing import Any
 import torch
 from cli import csv_list  # scripts/ is on sys.path when run as a script
 from hydra import compose, initialize_config_dir
-from study_plan import (
-    ROOT,
-    STUDY_DIR,
-    Node,
-    Plan,
-    Spec,
-    current_plan,
-    load_spec,
-    reached_step,
-    read_json,
-)
 
-sys.path.insert(0, str(ROOT))  # the checkout's flashgpt, also where it is not installed (a GPU machine)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's flashgpt, also where not installed
 
 from flashgpt.data import DataConfig, load_splits
 from flashgpt.data.shards import prepare_shards, read_doc_ids, shard_dir
@@ -68,8 +54,20 @@ from flashgpt.training.context_eval import (
     token_losses,
 )
 from flashgpt.training.distributed import resolve_device
+from flashgpt.training.jobs import STOP_GRACE_S, failure_line, run_job
 from flashgpt.training.saved_model import model_from_checkpoint
+from flashgpt.training.study_plan import (
+    STUDY_DIR,
+    Node,
+    Plan,
+    Spec,
+    current_plan,
+    load_spec,
+    reached_step,
+    read_json,
+)
 
+ROOT = Path(__file__).resolve().parents[1]
 SHIP_DIR = ROOT / ".cache" / "ship"
 STUDY_LOG = "study.log"  # stdout and stderr of every job of a run dir
 STUDY_STATE = "study.json"  # every job of a run dir: command, wall time, exit code; or why the run failed
@@ -82,7 +80,6 @@ RAW_FILES = {  # in a run dir -> in the exported raw/ folder: small files only
 }
 Selection = set[tuple[str, int]]  # (recipe, seed) of the models to train
 FIRST_EVAL_ESTIMATE_S = 120.0  # an evaluation starts only if this (later: the longest one so far) is left
-STOP_GRACE_S = 20.0  # a job stopped for the budget gets this long to exit after SIGTERM
 
 
 # --- the state of a study's runs -----------------------------------------------------------------------------
@@ -134,33 +131,6 @@ def eval_command(spec: Spec, runs_dir: Path, node: Node) -> list[str]:
     return ["python", "scripts/study.py", "eval", run_dir, "--study", spec.name, "--out", out]
 
 
-def run_job(command: list[str], log_dir: Path, deadline: float) -> tuple[int, bool, float]:
-    """Run `command` from the repository root, its output appended to log_dir/study.log; stop it (SIGTERM, then
-    SIGKILL) at `deadline` (time.monotonic). Returns (exit code, stopped for the budget, wall seconds)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with (log_dir / STUDY_LOG).open("a") as log:
-        log.write(f"\n== {datetime.datetime.now().isoformat(timespec='seconds')} {' '.join(command)}\n")
-        log.flush()
-        env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
-        # The command is recorded as typed ("python ..."); it runs under this interpreter, in its own process group
-        # so that a stop reaches whatever it started.
-        proc = subprocess.Popen(
-            [sys.executable, *command[1:]], cwd=ROOT, stdout=log, stderr=log, env=env, start_new_session=True
-        )
-        try:
-            returncode, stopped = proc.wait(timeout=max(1.0, deadline - time.monotonic())), False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            returncode, stopped = proc.returncode, True
-    return returncode, stopped, time.monotonic() - started
-
-
 def record_job(run_dir: Path, command: list[str], returncode: int, stopped: bool, wall_s: float, **extra: Any) -> None:
     state = read_json(run_dir / STUDY_STATE) or {"jobs": []}
     state["jobs"].append(
@@ -181,12 +151,6 @@ def mark_failed(run_dir: Path, why: str, key: str = "failed") -> None:
     state = read_json(run_dir / STUDY_STATE) or {"jobs": []}
     state[key] = why
     (run_dir / STUDY_STATE).write_text(json.dumps(state, indent=1) + "\n")
-
-
-def _log_tail(run_dir: Path) -> str:
-    lines = [line for line in (run_dir / STUDY_LOG).read_text(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if "Error" in line or "Exception" in line]
-    return (errors or lines or [""])[-1][:500]
 
 
 def wanted(plan: Plan, selection: Selection) -> tuple[list[Node], list[Node]]:
@@ -257,24 +221,28 @@ def run_study(spec: Spec, runs_dir: Path, budget_s: float | None, selection: Sel
                 print(f"budget: {left:.0f} s left, too little to evaluate {node.name}; run the same command again")
                 return 2
             command = eval_command(spec, runs_dir, node)
-            returncode, stopped, wall_s = run_job(command, run_dir, deadline)
+            returncode, stopped, wall_s = run_job(command, run_dir / STUDY_LOG, ROOT, deadline)
             longest_eval = max(longest_eval, wall_s)
             if returncode == 0:
                 print(f"{node.name}: evaluated in {wall_s:.0f} s -> {shown(eval_path(runs_dir, node))}")
             elif not stopped:
-                mark_failed(run_dir, f"exit {returncode}: {_log_tail(run_dir)}", key="eval_failed")
+                mark_failed(run_dir, f"exit {returncode}: {failure_line(run_dir / STUDY_LOG)}", key="eval_failed")
                 print(f"{node.name}: evaluation FAILED ({returncode}), see {run_dir / STUDY_LOG}")
         else:
             if left < STOP_GRACE_S * 3:
                 print(f"budget: {left:.0f} s left; run the same command again")
                 return 2
             command = train_command(spec, runs_dir, node, step)
-            returncode, stopped, wall_s = run_job(command, run_dir, deadline)
+            returncode, stopped, wall_s = run_job(command, run_dir / STUDY_LOG, ROOT, deadline)
             reached = reached_step(runs_dir, node)
             record_job(run_dir, command, returncode, stopped, wall_s, reached_step=reached)
             result = read_json(run_dir / "result.json")
             if not stopped and (returncode != 0 or result.get("status") != "ok"):
-                why = result.get("message") if result.get("status") not in (None, "ok") else _log_tail(run_dir)
+                why = (
+                    result.get("message")
+                    if result.get("status") not in (None, "ok")
+                    else failure_line(run_dir / STUDY_LOG)
+                )
                 mark_failed(run_dir, f"{result.get('status', 'crashed')} (exit {returncode}): {why}")
                 print(f"{node.name}: FAILED to reach step {step}: {why}")
             else:

@@ -24,7 +24,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display on GPU boxes or CI
 import matplotlib.pyplot as plt
 import yaml
-from study_plan import Recipe, Spec, current_plan, parse_spec, read_json, train_seconds  # scripts/ is on sys.path
+
+from flashgpt.training.study_plan import Recipe, Spec, current_plan, parse_spec, read_json, train_seconds
 
 CODE_SUFFIX = ".py"  # doc ids of source files end so (data/python_code.py); the rest of long_mix is prose
 

@@ -22,16 +22,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import re
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from cli import command_line, csv_list  # scripts/ is on sys.path when run as a script
+
+from flashgpt.training.jobs import failure_line, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_FILE = "sweep.log"  # the run's stdout and stderr
@@ -67,37 +66,24 @@ def train_command(args: argparse.Namespace, backend: str, seq_len: int, run_dir:
     ]
 
 
-def _failure_line(log: Path) -> str:
-    """The exception that ended the run (its last line naming an Error), else the log's last line."""
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
-    return (errors or lines or [""])[-1][:500]
-
-
 def run_one(command: list[str], run_dir: Path, backend: str, seq_len: int, sweep_command: str) -> dict:
     """Train in a fresh process; returns result.json, written here when the run left none."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a killed attempt: metrics.jsonl would be appended to
     run_dir.mkdir(parents=True)
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    clock = time.monotonic()
-    with (run_dir / LOG_FILE).open("w") as log:
-        env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
-        # `command` is recorded as typed ("python train.py ..."); it runs under this interpreter
-        returncode = subprocess.run(
-            [sys.executable, *command[1:]], cwd=ROOT, stdout=log, stderr=log, env=env
-        ).returncode
+    job = run_job(command, run_dir / LOG_FILE, cwd=ROOT)
     sweep = {
         "command": command,
         "sweep_command": sweep_command,
         "started": started,
-        "returncode": returncode,
-        "wall_s": time.monotonic() - clock,
+        "returncode": job.returncode,
+        "wall_s": job.wall_s,
     }
     (run_dir / "sweep.json").write_text(json.dumps(sweep, indent=1) + "\n")
     result_path = run_dir / "result.json"
     if not result_path.exists():
-        crashed = {"status": "crashed", "backend": backend, "seq_len": seq_len, "returncode": returncode}
-        result_path.write_text(json.dumps({**crashed, "message": _failure_line(run_dir / LOG_FILE)}, indent=1) + "\n")
+        crashed = {"status": "crashed", "backend": backend, "seq_len": seq_len, "returncode": job.returncode}
+        result_path.write_text(json.dumps({**crashed, "message": failure_line(run_dir / LOG_FILE)}, indent=1) + "\n")
     return {**json.loads(result_path.read_text()), "wall_s": sweep["wall_s"]}
 
 

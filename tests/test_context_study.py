@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
+import study  # scripts/study.py, on pytest's pythonpath
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
@@ -22,6 +23,7 @@ from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.python_code import stdlib_package_of, sympy_package_of
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig, rotary_tables
+from flashgpt.training import study_plan
 from flashgpt.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.context_eval import (
@@ -346,10 +348,6 @@ def test_a_rope_extension_keeps_every_weight_and_may_raise_the_base(tmp_path, ca
 
 
 # --- the study: plan, runner, report ---
-
-sys.path.insert(0, str(REPO / "scripts"))
-import study  # noqa: E402
-import study_plan  # noqa: E402
 
 
 def test_recipes_share_their_common_first_stages_and_branch_where_a_longer_context_starts():

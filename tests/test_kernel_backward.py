@@ -10,8 +10,8 @@ import test_kernels
 import torch
 from test_kernels import FP32_TOL, make_qkv
 
-from attention_reference import reference_attention, rel_err
 from flashgpt.attention_masks import dense_mask
+from flashgpt.attention_reference import reference_attention, rel_err
 from flashgpt.kernels import attention_op, flash_attention
 
 seed = test_kernels.seed  # the fresh-seed-per-check fixture

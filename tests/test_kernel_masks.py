@@ -7,16 +7,16 @@ Shapes are small and odd (1, 50, 77, 200: not multiples of any tile or block) be
 import json
 import math
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from attention_reference import lse_err, reference_attention, rel_err
 from flashgpt.attention_masks import dense_mask
+from flashgpt.attention_reference import lse_err, reference_attention, rel_err
+from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
 from flashgpt.kernels import FlashMask, flash_attention, flash_mask, launch
 from flashgpt.kernels.attention_op import flash_attention_backward, flash_attention_forward
+from flashgpt.kernels.dropout import keep_scale
 from flashgpt.kernels.launch import AttentionParams, tuned_config
 from flashgpt.kernels.tuning import LaunchConfig
 
@@ -239,16 +239,11 @@ def test_only_tiles_with_visible_pairs_are_computed(
 
 
 def recover_keep_mask(batch, heads, seq_len_q, seq_len_k, head_dim, causal, masks, p, rng_seed):
-    """The kernel's keep-mask (restricted to visible pairs) for the call made right after torch.manual_seed(rng_seed).
-
-    With q = k = 0 every visible probability is 1/n_visible; with v = one-hot rows (Tk <= D), o[i, j] is the
-    dropped, rescaled probability of key j, non-zero exactly where the pair is visible and the mask keeps."""
-    q = torch.zeros(batch, heads, seq_len_q, head_dim)
-    k = torch.zeros(batch, heads, seq_len_k, head_dim)
-    one_hot = torch.eye(seq_len_k, head_dim).expand(batch, heads, seq_len_k, head_dim).contiguous()
-    torch.manual_seed(rng_seed)
-    o = flash_attention(q, k, one_hot, causal=causal, dropout_p=p, **masks)
-    return o[..., :seq_len_k] != 0
+    """The kernel's keep-mask (at visible pairs) for the call made right after torch.manual_seed(rng_seed)."""
+    return recover_dropout_mask(
+        lambda q, k, v: flash_attention(q, k, v, causal=causal, dropout_p=p, **masks),
+        (batch, heads, seq_len_q, head_dim), seq_len_k, rng_seed,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -271,7 +266,7 @@ def test_dropout_under_masks(causal, mask, seed):
     o = flash_attention(q, k, v, causal=causal, dropout_p=p, **masks)
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
-    ref_o, _ = reference_attention(q, k, v, visible, keep=keep, dropout_p=p)
+    ref_o, _ = reference_attention(q, k, v, visible, keep=keep, keep_scale=keep_scale(p))
     ref_grads = torch.autograd.grad(ref_o, (q, k, v), do.double())
     assert rel_err(o, ref_o) < FP32_TOL, f"seed {seed}"
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
@@ -458,8 +453,7 @@ def test_mask_errors_name_the_problem():
 def test_bench_masks_check_only_and_visible_pair_count(tmp_path):
     """The benchmark's checks pass through the interpreter, and its chunked count of visible pairs (the FLOPs
     behind every TFLOP/s it reports) equals a plain count over the whole dense mask."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import bench_masks
+    import bench_masks  # scripts/bench_masks.py, on pytest's pythonpath; imported here, after the kernels
 
     profile = bench_masks.Profile("cpu", torch.float32, block_size=32, check_seq_len=160, dropout_check_seq_len=96)
     for name in bench_masks.MASKS:

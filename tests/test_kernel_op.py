@@ -11,9 +11,10 @@ import torch
 from test_kernels import FP32_TOL, make_qkv, recover_keep_mask
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from attention_reference import reference_attention, rel_err
+from flashgpt.attention_reference import reference_attention, rel_err
 from flashgpt.kernels import flash_attention
 from flashgpt.kernels.attention_op import _draw_rng_state, flash_attention_backward, flash_attention_forward
+from flashgpt.kernels.dropout import keep_scale
 
 seed = test_kernels.seed  # the fresh-seed-per-check fixture
 
@@ -100,7 +101,7 @@ def _lse_loss_check(q, k, v, causal: bool, dropout_p: float, seed: int) -> None:
     torch.manual_seed(seed)
     o, lse = flash_attention(q, k, v, causal=causal, dropout_p=dropout_p, return_lse=True)
     grads = torch.autograd.grad((o * wo).sum() + (lse * wl).sum(), (q, k, v))
-    ref_o, ref_lse = reference_attention(q, k, v, causal=causal, keep=keep, dropout_p=dropout_p)
+    ref_o, ref_lse = reference_attention(q, k, v, causal=causal, keep=keep, keep_scale=keep_scale(dropout_p))
     ref_grads = torch.autograd.grad((ref_o * wo).sum() + (ref_lse * wl).sum(), (q, k, v))
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
         assert rel_err(got, want) < FP32_TOL, f"{name}: relative error {rel_err(got, want):.2e} (seed {seed})"

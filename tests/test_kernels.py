@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from attention_reference import lse_err, reference_attention, rel_err
+from flashgpt.attention_reference import lse_err, reference_attention, rel_err
+from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
 from flashgpt.kernels import attention_op, flash_attention
 from flashgpt.kernels.dropout import dropout_keep_mask, effective_dropout_p, keep_scale, keep_threshold
 
@@ -183,17 +184,12 @@ def test_keep_mask_is_the_documented_philox_layout(tile, seed):
 
 
 def recover_keep_mask(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool, p: float, rng_seed: int):
-    """The kernel's keep-mask for the call made right after torch.manual_seed(rng_seed).
-
-    With q = k = 0 every visible probability is 1/n_visible; with v = one-hot rows (T <= D), o[i, j] is the
-    dropped, rescaled probability of column j, so it is non-zero exactly where the mask keeps.
-    """
-    assert seq_len <= head_dim
-    zeros = torch.zeros(batch, heads, seq_len, head_dim)
-    one_hot = torch.eye(seq_len, head_dim).expand(batch, heads, seq_len, head_dim).contiguous()
-    torch.manual_seed(rng_seed)
-    o = flash_attention(zeros, zeros, one_hot, causal=causal, dropout_p=p)
-    keep = o[..., :seq_len] != 0
+    """The kernel's keep-mask for the call made right after torch.manual_seed(rng_seed) (`recover_dropout_mask`),
+    which never keeps a probability above the causal diagonal."""
+    keep = recover_dropout_mask(
+        lambda q, k, v: flash_attention(q, k, v, causal=causal, dropout_p=p), (batch, heads, seq_len, head_dim),
+        seq_len, rng_seed,
+    )  # fmt: skip
     if causal:
         assert not keep.triu(1).any(), "dropout kept a probability above the diagonal"
     return keep
@@ -212,7 +208,7 @@ def test_backward_uses_the_forward_mask(seq_len, causal, seed):
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
 
-    ref_o, _ = reference_attention(q, k, v, causal=causal, keep=keep, dropout_p=p)
+    ref_o, _ = reference_attention(q, k, v, causal=causal, keep=keep, keep_scale=keep_scale(p))
     ref_grads = torch.autograd.grad(ref_o, (q, k, v), do.double())
     assert rel_err(o, ref_o) < FP32_TOL, f"seed {seed}"
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):

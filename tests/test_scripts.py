@@ -11,8 +11,13 @@ import sys
 import tarfile
 from pathlib import Path
 
+import bench_attention  # the scripts, on pytest's pythonpath
 import matplotlib.image
 import pytest
+import report
+import study
+import study_report
+import sweep
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
@@ -20,13 +25,6 @@ from hydra import compose, initialize_config_dir
 from flashgpt.training.config import grad_accum_steps, register_configs, typed_config, validate
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench_attention  # noqa: E402
-import report  # noqa: E402
-import study  # noqa: E402
-import study_report  # noqa: E402
-import sweep  # noqa: E402
 
 TOKENS_PER_STEP = 32768
 STEPS = 10

@@ -1,10 +1,8 @@
 """The launch-configuration lookup: the committed H100 table covers what the benchmark and GPT-2 run, and every entry
 is a valid configuration."""
 
-import sys
-from pathlib import Path
-
 import pytest
+import tune_attention  # scripts/tune_attention.py, on pytest's pythonpath
 
 from flashgpt.kernels.tuning import (
     _DEFAULTS,
@@ -19,9 +17,6 @@ from flashgpt.kernels.tuning import (
     seq_len_bucket,
     table_key,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import tune_attention
 
 
 def test_backward_schedule_follows_the_measured_table():

@@ -30,8 +30,9 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-STUDY_DIR = ROOT / "configs" / "study"
+from flashgpt import configs
+
+STUDY_DIR = Path(configs.__file__).parent / "study"  # configs/study/ in a checkout, also in an installed wheel
 
 
 # Arm names and stage-override keys and values become parts of run-dir names and of hydra.run.dir.
