@@ -33,7 +33,7 @@ def reference_attention(
     kernel's 1 / (1 − p), `kernels.dropout.keep_scale`). Rows with no visible key give o = 0 and lse = −inf."""
     q, k, v = (t.to(dtype) for t in (q, k, v))
     if visible is None:
-        visible = dense_mask(q.shape[-2], k.shape[-2], causal=causal, device=q.device)
+        visible = dense_mask(q.shape[-2], k.shape[-2], causal=causal, device=q.device)[0, 0]  # (Tq, Tk)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (q @ k.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)

@@ -38,9 +38,8 @@ from .tile_ranges import (
     intersect_ranges,
     key_range,
     load_ranges,
-    lower_bound,
     query_range,
-    split_tiles,
+    tile_runs,
     visible,
 )
 
@@ -333,19 +332,7 @@ def _dkdv_query_range(
     """Query tiles of ranges = (lo, hi, full_lo, full_hi): a masked run (the causal diagonal band), the mask-free
     run inside [full_lo, full_hi), and a masked run (the end of a window, or the ragged last tile). Under a block
     mask, only the listed tiles."""
-    lo, hi, full_lo, full_hi = ranges
-    GATHER: tl.constexpr = MASKS[3]
-    start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_M)
-    if SPARSE:
-        if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
-            fast_lo = start
-            fast_hi = start
-        head_start = lower_bound(kept, n_kept, start // BLOCK_M)
-        fast_start = lower_bound(kept, n_kept, fast_lo // BLOCK_M)
-        tail_start = lower_bound(kept, n_kept, fast_hi // BLOCK_M)
-        tail_end = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_M))
-    else:
-        head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
+    head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_M, SPARSE, MASKS[3])
     state = _dkdv_tiles(
         state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, head_start, fast_start, masking,
         rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
@@ -752,20 +739,8 @@ def _dq_key_range(
 ):
     """Key tiles of ranges = (lo, hi, full_lo, full_hi), split as in the forward: masked run, mask-free run, masked
     run (causal band or ragged tail)."""
-    lo, hi, full_lo, full_hi = ranges
-    GATHER: tl.constexpr = MASKS[3]
     EXTRA_MASKS: tl.constexpr = MASKS[5]
-    start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
-    if SPARSE:
-        if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
-            fast_lo = start
-            fast_hi = start
-        head_start = lower_bound(kept, n_kept, start // BLOCK_N)
-        fast_start = lower_bound(kept, n_kept, fast_lo // BLOCK_N)
-        tail_start = lower_bound(kept, n_kept, fast_hi // BLOCK_N)
-        tail_end = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_N))
-    else:
-        head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
+    head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_N, SPARSE, MASKS[3])
     if EXTRA_MASKS:  # causal masking alone has no leading masked run (see the forward)
         dq = _dq_tiles(
             dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, head_start, fast_start, masking, rng,

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
-from .tile_ranges import block_visible, intersect_ranges, key_range, load_ranges, lower_bound, split_tiles, visible
+from .tile_ranges import block_visible, intersect_ranges, key_range, load_ranges, tile_runs, visible
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -206,21 +206,8 @@ def _forward_key_range(
     and a masked run. With plain causal masking the first run is empty (and not compiled) and the last is the
     diagonal band; without masks the last is the ragged tile when Tk is not a multiple of BLOCK_N. Under a block
     mask, only the listed tiles of each run."""
-    lo, hi, full_lo, full_hi = ranges
-    GATHER: tl.constexpr = MASKS[3]
     EXTRA_MASKS: tl.constexpr = MASKS[5]
-    start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, BLOCK_N)
-    if SPARSE:
-        if GATHER:  # a kept tile may still hold dropped pairs: every tile is masked
-            fast_lo = start
-            fast_hi = start
-        # Positions in the ascending list where the runs start and end.
-        head_start = lower_bound(kept, n_kept, start // BLOCK_N)
-        fast_start = lower_bound(kept, n_kept, fast_lo // BLOCK_N)
-        tail_start = lower_bound(kept, n_kept, fast_hi // BLOCK_N)
-        tail_end = lower_bound(kept, n_kept, tl.cdiv(end, BLOCK_N))
-    else:
-        head_start, fast_start, tail_start, tail_end = start, fast_lo, fast_hi, end
+    head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_N, SPARSE, MASKS[3])
     if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
         state = _forward_tiles(
             state, q, rows, k_src, v_src, kv_strides, kept, head_start, fast_start, masking, rng, qk_scale, BLOCK_M,

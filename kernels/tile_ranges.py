@@ -115,6 +115,29 @@ def split_tiles(lo, hi, full_lo, full_hi, TILE: tl.constexpr):
 
 
 @triton.jit
+def tile_runs(ranges, kept, n_kept, TILE: tl.constexpr, SPARSE: tl.constexpr, GATHER: tl.constexpr):
+    """The three runs a program walks over the tiles of ranges = (lo, hi, full_lo, full_hi) (`split_tiles`): masked,
+    mask-free, masked, as four bounds (head_start, fast_start, tail_start, tail_end). They are tile starts; under a
+    block mask (SPARSE), positions in the ascending list kept[0:n_kept] of the tiles it keeps. GATHER: a kept tile
+    may still hold dropped pairs, so every tile is masked (the mask-free run is empty)."""
+    lo, hi, full_lo, full_hi = ranges
+    start, fast_lo, fast_hi, end = split_tiles(lo, hi, full_lo, full_hi, TILE)
+    if SPARSE:
+        if GATHER:
+            fast_lo = start
+            fast_hi = start
+        bounds = (
+            lower_bound(kept, n_kept, start // TILE),
+            lower_bound(kept, n_kept, fast_lo // TILE),
+            lower_bound(kept, n_kept, fast_hi // TILE),
+            lower_bound(kept, n_kept, tl.cdiv(end, TILE)),
+        )
+    else:
+        bounds = (start, fast_lo, fast_hi, end)
+    return bounds
+
+
+@triton.jit
 def visible(
     q_pos,
     k_idx,

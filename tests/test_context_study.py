@@ -23,7 +23,7 @@ from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.python_code import stdlib_package_of, sympy_package_of
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig, rotary_tables
-from flashgpt.training import study_plan
+from flashgpt.training import jobs, study_plan
 from flashgpt.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.context_eval import (
@@ -502,11 +502,17 @@ def test_import_merge_keeps_the_runs_the_export_lacks_and_the_further_of_two(tmp
     assert json.loads((raw / "plan.json").read_text())["study"] == "other"
 
 
-def test_a_job_past_the_budget_is_stopped(tmp_path):
+def test_a_job_past_its_deadline_is_stopped_and_a_failed_one_names_its_error(tmp_path):
+    """training/jobs.py, the runner of the study's and the sweep's jobs."""
+    log = tmp_path / "job.log"
     command = ["python", "-c", "import time; print('started', flush=True); time.sleep(60)"]
-    returncode, stopped, wall_s = study.run_job(command, tmp_path, deadline=time.monotonic() + 2)
+    returncode, stopped, wall_s = jobs.run_job(command, log, cwd=tmp_path, deadline=time.monotonic() + 2)
     assert stopped and returncode != 0 and wall_s < 30
-    assert "started" in (tmp_path / study.STUDY_LOG).read_text()
+    assert "started" in log.read_text()
+
+    failing = ["python", "-c", "print('working'); raise ValueError('no such shard: x.bin')"]
+    assert jobs.run_job(failing, log, cwd=tmp_path) == (1, False, pytest.approx(0, abs=30))
+    assert jobs.failure_line(log) == "ValueError: no such shard: x.bin"
 
 
 def test_pack_data_ships_the_shards_and_run_unpacks_them_where_missing(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
+from flashgpt.attention_reference import reference_attention
 from flashgpt.training.config import grad_accum_steps, register_configs, typed_config, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,10 +260,11 @@ def _fake_kernel(scale_dropout: bool):
     """An exact attention with torch's dropout; `scale_dropout=False` forgets the 1/(1-p) rescaling."""
 
     def kernel(q, k, v, *, causal=True, dropout_p=0.0, return_lse=False):
-        o, lse = bench_attention.reference(q, k, v, causal)
+        o, lse = reference_attention(q, k, v, causal=causal, dtype=torch.float32)
         if dropout_p > 0:
             keep = torch.rand(*q.shape[:-1], q.shape[-2]) >= dropout_p
-            o, _ = bench_attention.reference(q, k, v, causal, keep, dropout_p if scale_dropout else 0.0)
+            scale = 1 / (1 - dropout_p) if scale_dropout else 1.0
+            o, _ = reference_attention(q, k, v, causal=causal, keep=keep, keep_scale=scale, dtype=torch.float32)
         return (o, lse) if return_lse else o
 
     return kernel
