@@ -2,9 +2,10 @@
 
 Each pass is compiled at its tuned H100 configuration for one shape, exactly as a launch would specialise it (the
 launch functions run with the launch itself replaced by Triton's compile-only warmup), then disassembled with the
-cuobjdump/nvdisasm that ship with Triton. Per kernel: registers, spill stores/loads, shared memory, and how many
+cuobjdump/nvdisasm that ship with Triton. Per kernel: registers, spill stores/loads, shared memory, how many
 instructions of each kind the machine code holds (matrix products, exp2 on the special-function unit, fp32 ALU,
-conversions). A static A/B for a kernel change costs no GPU time:
+conversions), and ptxas's warnings (`warn`: e.g. C7515, a wgmma pipeline serialised). A static A/B for a kernel
+change costs no GPU time:
 
     python scripts/kernel_sass.py --head-dim 64 --seq-len 16384 --passes fwd,bwd_dq,bwd_dkdv
     python scripts/kernel_sass.py --passes fwd --dump /tmp/sass      # also writes each kernel's SASS
@@ -106,11 +107,17 @@ def compile_passes(passes: list[str], head_dim: int, seq_len: int, dropout: floa
     return compiled
 
 
-def inspect(cubin: bytes) -> tuple[dict[str, int], str]:
-    """(registers, local memory and opcode-family counts, the SASS text) of one compiled kernel."""
+def inspect(cubin: bytes, ptx: str) -> tuple[dict[str, int], str]:
+    """(registers, local memory, opcode-family counts and ptxas warnings, the SASS text) of one compiled kernel.
+    The warnings come from assembling its PTX again: e.g. C7515, a wgmma pipeline serialised."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
+        (Path(tmp) / "kernel.ptx").write_text(ptx)
+        assembled = subprocess.run([_triton_bin("ptxas"), "-arch=sm_90a", str(Path(tmp) / "kernel.ptx"), "-o",
+                                    str(Path(tmp) / "again.cubin")], capture_output=True, text=True)  # fmt: skip
+        output = (assembled.stdout + assembled.stderr).splitlines()
+        warnings = [line for line in output if "warning" in line.lower() or "Performance Loss" in line]
         usage = subprocess.run([_triton_bin("cuobjdump"), "--dump-resource-usage", str(path)], capture_output=True,
                                text=True, check=True).stdout  # fmt: skip
         sass = subprocess.run([_triton_bin("nvdisasm"), "-c", str(path)], capture_output=True, text=True,
@@ -120,6 +127,7 @@ def inspect(cubin: bytes) -> tuple[dict[str, int], str]:
                                                                   sass, flags=re.M))  # fmt: skip
     info.update({family: opcodes.get(family, 0) for family in FAMILIES})
     info["total"] = sum(opcodes.values())
+    info["warn"] = len(warnings)
     return info, sass
 
 
@@ -148,12 +156,12 @@ def main() -> None:
         parser.error(f"unknown passes {sorted(unknown)}; choose from {', '.join(PASSES)}")
 
     compiled = compile_passes(passes, args.head_dim, args.seq_len, args.dropout, args.mask)
-    columns = ("reg", "local", "shared", *FAMILIES, "total")
+    columns = ("reg", "local", "shared", *FAMILIES, "total", "warn")
     print(f"sm_90a, D={args.head_dim}, T={args.seq_len}, dropout={args.dropout}, mask {args.mask}, causal, bf16")
     print(f"{'pass':10s}" + "".join(f"{c:>8s}" for c in columns))
     differ = []
     for name, kernel in compiled.items():
-        info, sass = inspect(kernel.asm["cubin"])
+        info, sass = inspect(kernel.asm["cubin"], kernel.asm["ptx"])
         info["shared"] = kernel.metadata.shared  # static and dynamic (pipeline buffers), bytes
         print(f"{name:10s}" + "".join(f"{info.get(c, 0):8d}" for c in columns))
         if args.dump:
