@@ -13,7 +13,6 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
-import study  # scripts/study.py, on pytest's pythonpath
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
@@ -23,7 +22,7 @@ from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.python_code import stdlib_package_of, sympy_package_of
 from flashgpt.data.shards import read_doc_ids
 from flashgpt.model.gpt import GPT, ModelConfig, rotary_tables
-from flashgpt.training import jobs, study_plan
+from flashgpt.training import jobs, study, study_plan, study_report
 from flashgpt.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.context_eval import (
@@ -428,8 +427,6 @@ def test_a_bad_study_spec_is_refused_naming_the_file_and_the_problem(change, mes
 
 
 def test_each_arm_is_compared_with_its_own_fixed_context_baseline():
-    import study_report
-
     spec = study_plan.load_spec("context")
     recipes = spec.recipes
     for name in ("rope-ext-16k-90-abf", "rope-ext-16k-75", "rope-staged-abf", "rope-fixed-16k", "rope-fixed-1k-time"):
