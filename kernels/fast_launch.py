@@ -28,12 +28,6 @@ from triton import knobs
 
 TESTED_TRITON = "3.6."  # the release the direct path was written and checked against (CI installs it)
 DIRECT_LAUNCH = triton.__version__.startswith(TESTED_TRITON)
-if not DIRECT_LAUNCH:
-    warnings.warn(
-        f"flashgpt: kernel launches take Triton's own path with triton {triton.__version__} (the direct launcher is "
-        f"checked on {TESTED_TRITON}x only): correct, with more host time per call",
-        stacklevel=1,
-    )
 
 _INT32_RANGE = range(-(2**31), 2**31)
 
@@ -81,6 +75,12 @@ class FastLauncher:
         return (device, tuple(key), tuple(constexprs.items()))
 
     def __call__(self, grid: tuple[int, ...], *args, **constexprs) -> None:
+        if not DIRECT_LAUNCH:
+            warnings.warn(  # shown once: Python's default filter reports a warning once per place
+                f"flashgpt: kernel launches take Triton's own path with triton {triton.__version__} (the direct "
+                f"launcher is checked on {TESTED_TRITON}x only): correct, with more host time per call",
+                stacklevel=2,
+            )
         if not DIRECT_LAUNCH or knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls:
             self.kernel[grid](*args, **constexprs)
             return
