@@ -1,5 +1,5 @@
 """One training or evaluation job in a process of its own, for the runners that chain many of them (scripts/sweep.py
-and scripts/study.py): a crash (a segfault, a CUDA error that poisons its process) ends that job only, its output
+and training/study.py): a crash (a segfault, a CUDA error that poisons its process) ends that job only, its output
 goes to a log the runner keeps, and a job that would outlast the runner's budget is stopped."""
 
 import datetime
@@ -49,7 +49,8 @@ def run_job(command: list[str], log: Path, cwd: Path, deadline: float | None = N
 
 
 def failure_line(log: Path) -> str:
-    """Why a job failed, from its log: the last line that names an error or exception, else the last line."""
+    """Why a job failed, from its log: the last line that names an error or exception (a traceback's last line,
+    also behind torchrun's "[rank0]:" prefix), else the last line."""
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line.strip())]
+    errors = [line for line in lines if re.search(r"(Error|Exception)\b", line)]
     return (errors or lines or [""])[-1][:500]
