@@ -44,14 +44,12 @@ from cli import command_line, csv_list, write_json  # scripts/ is on sys.path wh
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+# Pure torch, safe to import before TRITON_INTERPRET is set; the kernels are imported when first used.
+from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
+from flashgpt.attention_reference import reference_attention, rel_err
+
 ROOT = Path(__file__).resolve().parents[1]
 ANCHORS = ROOT / "results" / "anchors" / "h100-attention.json"
-sys.path.insert(0, str(ROOT))  # the checkout's flashgpt, also where it is not installed (a GPU machine)
-
-# Pure torch, safe before TRITON_INTERPRET is set; the kernel itself is imported when first used (_flash_kernel).
-from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask  # noqa: E402
-from flashgpt.attention_reference import reference_attention, rel_err  # noqa: E402
-
 HEADS = {64: 12, 128: 16}  # GPT-2 shape at D = 64; the anchors' choice at D = 128
 MODEL_WIDTH = 2048  # H·D at any other head dim, as at D = 128 (and in FlashAttention's own benchmark)
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)

@@ -20,8 +20,6 @@ from typing import Any
 import torch
 from cli import command_line  # scripts/ is on sys.path when run as a script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
-
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.training.checkpoint import LATEST, capture_rng_state, load_checkpoint, save_checkpoint, verify_checkpoint
 from flashgpt.training.config import TrainConfig

@@ -47,13 +47,14 @@ import torch
 from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
 from torch import Tensor
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# Pure torch, safe to import before TRITON_INTERPRET is set; the kernels are imported when first used.
+from flashgpt.attention_masks import dense_mask
+from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
+from flashgpt.attention_reference import reference_attention, rel_err
+from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask
 
-from flashgpt.attention_masks import dense_mask  # noqa: E402  (pure torch: safe before TRITON_INTERPRET is set)
-from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask  # noqa: E402  (pure torch too)
-from flashgpt.attention_reference import reference_attention, rel_err  # noqa: E402
-from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 MASKS = ("dense", "window_1k", "window_4k", "documents", "local_global", "strided", "butterfly")
 PATTERNS = ("local_global", "strided", "butterfly")

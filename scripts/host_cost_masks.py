@@ -19,18 +19,14 @@ import argparse
 import inspect
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors pass the kernel's checks; nothing is launched
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_masks import mixed_documents
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashgpt.kernels
 from flashgpt.kernels import attention_op, flash_attention, launch

@@ -17,8 +17,6 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
-
 from flashgpt.data.config import SOURCE_NAMES, DataConfig, check_data_config
 from flashgpt.data.integrity import ShardError
 from flashgpt.data.shards import load_splits, open_shards, prepare_shards, shard_dir

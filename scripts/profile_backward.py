@@ -14,13 +14,9 @@ bwd_fused configuration or at --fused-config).
 
 import argparse
 import math
-import sys
-from pathlib import Path
 
 import torch
 import triton
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flashgpt.kernels.launch import (
     AttentionParams,

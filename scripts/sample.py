@@ -18,8 +18,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from anywhere, also without the install
-
 from flashgpt.data.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
 from flashgpt.model.backends import ATTENTION_BACKENDS
 from flashgpt.model.generation import generate

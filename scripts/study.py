@@ -8,9 +8,6 @@ the command line of `flashgpt.training.study`, which says how.
 """
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's flashgpt, also where not installed
 
 from flashgpt.training.study import main
 

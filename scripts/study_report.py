@@ -5,9 +5,6 @@ of `flashgpt.training.study_report`.
 """
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's flashgpt, also where not installed
 
 from flashgpt.training.study_report import main
 

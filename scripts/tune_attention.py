@@ -25,8 +25,6 @@ from pathlib import Path
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from flashgpt.kernels.launch import (
     AttentionParams,
     launch_dkdv,
