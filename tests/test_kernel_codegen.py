@@ -1,0 +1,36 @@
+"""The kernels as ptxas builds them for Hopper (sm_90a), checked on a machine without a GPU (`scripts/kernel_sass.py`:
+Triton compiles for the H100 target and its bundled ptxas assembles): no register spills to local memory, and no
+ptxas warning, whose usual one, C7515, says a wgmma pipeline was serialised (loop bounds computed through selects once
+did that to the dense backward and cost it 9-13%). Cases: the passes the launch table runs for these shapes (the
+fused backward where the table picks it, at D = 64), with and without dropout and masks."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from training_runs import REPO
+
+CASES = {  # kernel_sass.py's arguments
+    "D64 16K": "--head-dim 64 --seq-len 16384 --passes fwd,bwd_dq,bwd_dkdv,bwd_fused",
+    "D64 4K dropout documents": "--head-dim 64 --seq-len 4096 --dropout 0.1 --mask documents "
+    "--passes fwd,bwd_dq,bwd_dkdv,bwd_fused",
+    "D128 16K blocks": "--head-dim 128 --seq-len 16384 --mask blocks --passes fwd,bwd_dq,bwd_dkdv",
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_hopper_kernels_neither_spill_nor_serialise_their_matrix_pipelines(case):
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # real compilation
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "scripts/kernel_sass.py", *CASES[case].split()]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header, *rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    table = {row[0]: dict(zip(header[1:], map(int, row[1:]), strict=True)) for row in rows}
+    assert set(table) == set(CASES[case].split()[-1].split(","))
+    for kernel_pass, counts in table.items():
+        assert counts["local"] == 0, f"{case}, {kernel_pass}: spills ({counts})"
+        assert counts["warn"] == 0, f"{case}, {kernel_pass}: ptxas warned (run the command to see it): {command}"
+        assert counts["HGMMA"] > 0, f"{case}, {kernel_pass}: no wgmma at all ({counts})"
