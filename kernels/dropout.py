@@ -92,3 +92,29 @@ def dropout_keep_mask(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOC
     keep3 = words >= threshold_top
     # Byte b of word 4·g + w decides column 4·(4·g + w) + b = 16·g + 4·w + b.
     return tl.reshape(tl.join(tl.join(keep0, keep2), tl.join(keep1, keep3)), (BLOCK_M, BLOCK_N))
+
+
+@triton.jit
+def dropout_keep_mask_t(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The transpose of `dropout_keep_mask`, (BLOCK_N, BLOCK_M), drawn in that orientation (key columns as rows)."""
+    seed, offset_lo, offset_hi, bh, threshold = rng
+    groups_per_row = (seq_len + 15) // 16
+    offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)
+    counter = (offs_g[:, None] + offs_m[None, :] * groups_per_row).to(tl.uint32, bitcast=True)  # (G, BLOCK_M)
+    zeros = tl.zeros_like(counter)
+    w0, w1, w2, w3 = tl.philox(
+        seed,
+        counter,
+        zeros + bh.to(tl.uint32),
+        zeros + offset_lo.to(tl.uint32),
+        zeros + offset_hi.to(tl.uint32),
+        PHILOX_ROUNDS,
+    )
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_N // 16, BLOCK_M, 4))  # [g, m, w]
+    threshold_top = threshold.to(tl.uint32) << 24
+    keep0 = (words << 24) >= threshold_top
+    keep1 = (words << 16) >= threshold_top
+    keep2 = (words << 8) >= threshold_top
+    keep3 = words >= threshold_top
+    keep = tl.reshape(tl.join(tl.join(keep0, keep2), tl.join(keep1, keep3)), (BLOCK_N // 16, BLOCK_M, 16))
+    return tl.reshape(tl.permute(keep, (0, 2, 1)), (BLOCK_N, BLOCK_M))  # row 16·g + 4·w + b

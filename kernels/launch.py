@@ -193,6 +193,7 @@ def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: F
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
 
 

@@ -27,6 +27,23 @@ class LaunchConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # the tiles a program streams (K/V, or Q/dO for the key-row passes) via tensor descriptors
+    # A cap on registers per thread (ptxas's maxnreg): below 65536 / (threads per program · 3), three programs
+    # fit on an SM instead of two, at the price of whatever ptxas then spills. None: ptxas chooses.
+    maxnreg: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "LaunchConfig":
+        """BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N], as the profiling scripts take it on the command line."""
+        fields = text.split(",")
+        extra: dict = {"tma": "tma" in fields[4:]}
+        for field in fields[4:]:
+            if field.startswith("maxnreg="):
+                extra["maxnreg"] = int(field.removeprefix("maxnreg="))
+            elif field != "tma":
+                raise ValueError(f"unknown field {field!r} in launch configuration {text!r}")
+        if len(fields) < 4:
+            raise ValueError(f"launch configuration {text!r}: expected BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N]")
+        return cls(*map(int, fields[:4]), **extra)
 
     def validate(self, kernel_pass: str) -> None:
         """Each pass walks its diagonal band in steps of the smaller tile, which must divide the larger. Tiles are

@@ -27,6 +27,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
+from flashgpt.kernels.tuning import LaunchConfig
+
 HOPPER = GPUTarget("cuda", 90, 32)
 PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
 MASKS = ("none", "window", "documents", "blocks")
@@ -70,8 +72,11 @@ def _masks(kind: str, seq_len: int, tiles: tuple) -> object:
     return FlashMask.build(seq_len, seq_len, tiles, block_mask=block_mask, block_size=128)
 
 
-def compile_passes(passes: list[str], head_dim: int, seq_len: int, dropout: float, mask: str) -> dict[str, object]:
-    """{pass: compiled kernel} at the tuned Hopper configuration for B = 1, H = 1, causal, bf16, with a mask."""
+def compile_passes(
+    passes: list[str], head_dim: int, seq_len: int, dropout: float, mask: str, config: LaunchConfig | None = None
+) -> dict[str, object]:
+    """{pass: compiled kernel} at the tuned Hopper configuration (or `config`, for every pass) for B = 1, H = 1,
+    causal, bf16, with a mask."""
     driver.set_active(_HopperWithoutGpu())
     from flashgpt.kernels import launch  # after the driver, so that nothing asks for a real GPU
     from flashgpt.kernels.tile_schedule import tile_key
@@ -89,7 +94,9 @@ def compile_passes(passes: list[str], head_dim: int, seq_len: int, dropout: floa
     dq_acc = torch.empty(shape)
     params = launch.AttentionParams(True, dropout, 1 / math.sqrt(head_dim))
 
-    def cfg(kernel_pass: str):
+    def cfg(kernel_pass: str) -> LaunchConfig:
+        if config is not None:
+            return config
         return launch_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len, interpreting=False,
                              hopper=True)  # fmt: skip
 
@@ -149,13 +156,19 @@ def main() -> None:
     parser.add_argument("--passes", default=",".join(PASSES[:3]), help=f"comma-separated, of {', '.join(PASSES)}")
     parser.add_argument("--mask", choices=MASKS, default="none", help="the mask the kernels are specialised for")
     parser.add_argument("--dump", type=Path, default=None, help="write <pass>.sass here")
+    parser.add_argument(
+        "--config",
+        type=LaunchConfig.parse,
+        default=None,
+        help="BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N] for every pass instead of the tuned one",
+    )
     parser.add_argument("--same-as", type=Path, default=None, help="a --dump folder: exit 1 unless the code matches")
     args = parser.parse_args()
     passes = args.passes.split(",")
     if unknown := set(passes) - set(PASSES):
         parser.error(f"unknown passes {sorted(unknown)}; choose from {', '.join(PASSES)}")
 
-    compiled = compile_passes(passes, args.head_dim, args.seq_len, args.dropout, args.mask)
+    compiled = compile_passes(passes, args.head_dim, args.seq_len, args.dropout, args.mask, args.config)
     columns = ("reg", "local", "shared", *FAMILIES, "total", "warn")
     print(f"sm_90a, D={args.head_dim}, T={args.seq_len}, dropout={args.dropout}, mask {args.mask}, causal, bf16")
     print(f"{'pass':10s}" + "".join(f"{c:>8s}" for c in columns))
