@@ -45,6 +45,13 @@ class LaunchConfig:
             raise ValueError(f"launch configuration {text!r}: expected BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N]")
         return cls(*map(int, fields[:4]), **extra)
 
+    def as_dict(self) -> dict:
+        """The fields as the tuned table stores them (maxnreg only where set)."""
+        fields = dict(vars(self))
+        if fields["maxnreg"] is None:
+            del fields["maxnreg"]
+        return fields
+
     def validate(self, kernel_pass: str) -> None:
         """Each pass walks its diagonal band in steps of the smaller tile, which must divide the larger. Tiles are
         powers of two of at least 16: tl.dot needs 16, and a dropout draw decides 16 key columns."""

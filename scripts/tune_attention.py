@@ -255,13 +255,13 @@ def main() -> None:
                     best[kernel_pass] = ms
                     key = key_of(kernel_pass)
                     if kernel_pass != "split":
-                        table[key] = vars(cfg)
+                        table[key] = cfg.as_dict()
                     if kernel_pass == "split":  # one timing, at the bwd_dq and bwd_dkdv configurations
-                        configs = {"bwd_dq": vars(split[0]), "bwd_dkdv": vars(split[1])}
+                        configs = {"bwd_dq": split[0].as_dict(), "bwd_dkdv": split[1].as_dict()}
                         log.append({"key": key, "best": {**configs, "ms": ms}})
                     else:
-                        timings_ms = [{**vars(c), "ms": t} for c, t in timings]
-                        log.append({"key": key, "timings_ms": timings_ms, "best": {**vars(cfg), "ms": ms}})
+                        timings_ms = [{**c.as_dict(), "ms": t} for c, t in timings]
+                        log.append({"key": key, "timings_ms": timings_ms, "best": {**cfg.as_dict(), "ms": ms}})
                 # FLOPs each kernel actually does, in units of the forward: S and dP are recomputed in both halves.
                 # The two whole backwards are counted alike, at the 2.5 of the benchmark (fused and split compare).
                 rates = {"fwd": 1.0, "bwd_dkdv": 2.0, "bwd_dq": 1.5, "bwd_fused": 2.5, "split": 2.5}

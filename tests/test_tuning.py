@@ -74,6 +74,21 @@ def test_validate_refuses_tiles_the_kernels_cannot_run():
         LaunchConfig(64, 32, 4, 3).validate("bwd_dkdv")
 
 
+def test_configuration_text_and_table_form():
+    """The profiling scripts' BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N] and the table's dictionaries, which
+    carry maxnreg only where it is set (the committed table predates it)."""
+    cfg = LaunchConfig.parse("64,128,8,2,tma,maxnreg=168")
+    assert cfg == LaunchConfig(64, 128, 8, 2, tma=True, maxnreg=168)
+    assert LaunchConfig(**cfg.as_dict()) == cfg
+    assert LaunchConfig.parse("32,64,4,3").as_dict() == dict(
+        block_m=32, block_n=64, num_warps=4, num_stages=3, tma=False
+    )
+    with pytest.raises(ValueError, match="unknown field 'tme'"):
+        LaunchConfig.parse("64,64,4,3,tme")
+    with pytest.raises(ValueError, match="expected BLOCK_M,BLOCK_N,WARPS,STAGES"):
+        LaunchConfig.parse("64,64,4")
+
+
 @pytest.mark.parametrize("kernel_pass", PASSES)
 def test_tuning_candidates_cover_every_native_head_dim(kernel_pass):
     """scripts/tune_attention.py tries valid configurations at every native head dim, the default among them, so
