@@ -62,17 +62,12 @@ def check_dropout_p(dropout_p: float) -> None:
 
 
 @triton.jit
-def dropout_keep_mask(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keep-mask (BLOCK_M, BLOCK_N) for rows offs_m and key columns [start_n, start_n + BLOCK_N) of one head's
-    stream rng = (seed, offset_lo, offset_hi, bh, threshold).
-
-    seq_len is the number of key columns Tk; start_n and BLOCK_N must be multiples of 16."""
-    seed, offset_lo, offset_hi, bh, threshold = rng
-    groups_per_row = (seq_len + 15) // 16
-    offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)
-    counter = (offs_m[:, None] * groups_per_row + offs_g[None, :]).to(tl.uint32, bitcast=True)
+def _draw(rng, counter):
+    """The four 32-bit words of one Philox-4x32-7 draw per element of `counter`, in the head's stream
+    rng = (seed, offset_lo, offset_hi, bh, threshold)."""
+    seed, offset_lo, offset_hi, bh, _ = rng
     zeros = tl.zeros_like(counter)
-    w0, w1, w2, w3 = tl.philox(
+    return tl.philox(
         seed,
         counter,
         zeros + bh.to(tl.uint32),
@@ -80,16 +75,34 @@ def dropout_keep_mask(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOC
         zeros + offset_hi.to(tl.uint32),
         PHILOX_ROUNDS,
     )
+
+
+@triton.jit
+def _byte_decisions(words, threshold):
+    """Keep-decisions of bytes 0..3 of every word: byte b is kept when (word << (24 − 8·b)) >= t·2²⁴. The shift
+    moves byte b to the top and the bits below it cannot lift a smaller top byte over t·2²⁴: no masking needed."""
+    threshold_top = threshold.to(tl.uint32) << 24
+    return (
+        (words << 24) >= threshold_top,
+        (words << 16) >= threshold_top,
+        (words << 8) >= threshold_top,
+        (words >= threshold_top),
+    )
+
+
+@triton.jit
+def dropout_keep_mask(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keep-mask (BLOCK_M, BLOCK_N) for rows offs_m and key columns [start_n, start_n + BLOCK_N) of one head's
+    stream rng = (seed, offset_lo, offset_hi, bh, threshold).
+
+    seq_len is the number of key columns Tk; start_n and BLOCK_N must be multiples of 16."""
+    groups_per_row = (seq_len + 15) // 16
+    offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)
+    w0, w1, w2, w3 = _draw(rng, (offs_m[:, None] * groups_per_row + offs_g[None, :]).to(tl.uint32, bitcast=True))
     # join(join(a, c), join(b, d)) has shape (..., 2, 2) with its [..., i, j] = (a, b, c, d)[2·i + j], so
     # flattening the last two dims lists a, b, c, d in order. Here: word w of group g lands at 4·g + w.
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N // 4))
-    # Byte b of a word decides when (word << (24 − 8·b)) >= t·2²⁴: the shift moves byte b to the top and the
-    # bits below it cannot lift a smaller top byte over t·2²⁴. No masking or extraction needed.
-    threshold_top = threshold.to(tl.uint32) << 24
-    keep0 = (words << 24) >= threshold_top
-    keep1 = (words << 16) >= threshold_top
-    keep2 = (words << 8) >= threshold_top
-    keep3 = words >= threshold_top
+    keep0, keep1, keep2, keep3 = _byte_decisions(words, rng[4])
     # Byte b of word 4·g + w decides column 4·(4·g + w) + b = 16·g + 4·w + b.
     return tl.reshape(tl.join(tl.join(keep0, keep2), tl.join(keep1, keep3)), (BLOCK_M, BLOCK_N))
 
@@ -97,24 +110,10 @@ def dropout_keep_mask(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOC
 @triton.jit
 def dropout_keep_mask_t(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The transpose of `dropout_keep_mask`, (BLOCK_N, BLOCK_M), drawn in that orientation (key columns as rows)."""
-    seed, offset_lo, offset_hi, bh, threshold = rng
     groups_per_row = (seq_len + 15) // 16
     offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)
-    counter = (offs_g[:, None] + offs_m[None, :] * groups_per_row).to(tl.uint32, bitcast=True)  # (G, BLOCK_M)
-    zeros = tl.zeros_like(counter)
-    w0, w1, w2, w3 = tl.philox(
-        seed,
-        counter,
-        zeros + bh.to(tl.uint32),
-        zeros + offset_lo.to(tl.uint32),
-        zeros + offset_hi.to(tl.uint32),
-        PHILOX_ROUNDS,
-    )
+    w0, w1, w2, w3 = _draw(rng, (offs_g[:, None] + offs_m[None, :] * groups_per_row).to(tl.uint32, bitcast=True))
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_N // 16, BLOCK_M, 4))  # [g, m, w]
-    threshold_top = threshold.to(tl.uint32) << 24
-    keep0 = (words << 24) >= threshold_top
-    keep1 = (words << 16) >= threshold_top
-    keep2 = (words << 8) >= threshold_top
-    keep3 = words >= threshold_top
+    keep0, keep1, keep2, keep3 = _byte_decisions(words, rng[4])
     keep = tl.reshape(tl.join(tl.join(keep0, keep2), tl.join(keep1, keep3)), (BLOCK_N // 16, BLOCK_M, 16))
     return tl.reshape(tl.permute(keep, (0, 2, 1)), (BLOCK_N, BLOCK_M))  # row 16·g + 4·w + b
