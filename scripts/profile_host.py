@@ -3,6 +3,10 @@ to matter (B = 1, H = 2, T = 128, D = 64): the call split into its stages, timed
 a cProfile of the whole fwd+bwd, and cuDNN's SDPA as the peer.
 
     PYTHONPATH=. python scripts/profile_host.py --out results/tuning/host-profile.txt
+    PYTHONPATH=. python scripts/profile_host.py --mask documents   # with a FlashMask built once beforehand
+
+With --mask the flash calls take a prebuilt mask (`flash_mask`, as a model step hands one to every layer) at
+T = 1024: four documents, or a random 30% block mask of 128-blocks.
 
 Stages (µs per call, the loop's wall time before the final sync: the GPU only trails the host here):
 forward without grad, forward with grad, fwd + autograd.grad, the backward operator body alone, and each launch.
@@ -21,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashgpt.kernels import attention_op, flash_attention, launch
+from flashgpt.kernels import FlashMask, attention_op, flash_attention, flash_mask, launch
 
 SHAPE = (1, 2, 128, 64)
 
@@ -70,24 +74,41 @@ def inside_autograd(step: Callable[[], object], calls: int) -> str:
     return f"inside fwd + autograd.grad ({total:.1f} us): {bodies}; launches stubbed: {stubbed:.1f} us"
 
 
+def prebuilt_mask(kind: str, shape: tuple[int, ...]) -> FlashMask:
+    """Four equal documents, or a random 30% block mask of 128-blocks, with their schedules built once."""
+    seq_len, head_dim = shape[2], shape[3]
+    if kind == "documents":
+        masks = {"document_ids": (torch.arange(seq_len, device="cuda") * 4 // seq_len)[None]}
+    else:
+        blocks = seq_len // 128
+        generator = torch.Generator().manual_seed(0)
+        masks = {"block_mask": (torch.rand(1, blocks, blocks, generator=generator) < 0.3).cuda(), "block_size": 128}
+    return flash_mask(seq_len, seq_len, head_dim=head_dim, dtype=torch.bfloat16, **masks)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--out", default=None, help="also write the report to this file")
+    parser.add_argument("--mask", choices=("none", "documents", "blocks"), default="none")
     args = parser.parse_args()
-    q, k, v = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
+    shape = SHAPE if args.mask == "none" else (*SHAPE[:2], 1024, SHAPE[3])
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
     grad_out = torch.randn_like(q)
-    lines: list[str] = [f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, shape {SHAPE}"]
+    masked = {"mask": prebuilt_mask(args.mask, shape)} if args.mask != "none" else {}
+    lines: list[str] = [
+        f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, shape {shape}, mask {args.mask}"
+    ]
 
     def flash_fwd_nograd() -> None:
         with torch.no_grad():
-            flash_attention(q, k, v)
+            flash_attention(q, k, v, **masked)
 
     def flash_fwd_grad() -> None:
-        flash_attention(q, k, v)
+        flash_attention(q, k, v, **masked)
 
     def flash_fwd_bwd() -> None:
-        torch.autograd.grad(flash_attention(q, k, v), (q, k, v), grad_out)
+        torch.autograd.grad(flash_attention(q, k, v, **masked), (q, k, v), grad_out)
 
     def cudnn_fwd_bwd() -> None:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
