@@ -63,7 +63,7 @@ from .tuning import NATIVE_HEAD_DIMS, PASSES, seq_len_bucket
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 8
 MAX_HEAD_DIM = NATIVE_HEAD_DIMS[-1]
-# Dropout counters are 32-bit: row · ⌈T/16⌉ + col/16 must stay below 2³².
+# Dropout counters are 32-bit: ((row // 32)·4 + 4)·⌈T/16⌉·8 (dropout.py) must stay within 2³², i.e. T <= 2¹⁸.
 MAX_DROPOUT_SEQ_LEN = 262_144
 
 

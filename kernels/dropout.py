@@ -1,12 +1,23 @@
 """Attention-dropout keep-mask, regenerated bit-for-bit wherever a kernel needs it.
 
-The mask is a pure function of (seed, call offset, batch·head, row, column). One Philox-4x32-7 draw with
+The mask is a pure function of (seed, call offset, batch·head, query row m, key column n). One Philox-4x32-7 draw
+with
 
-    counter = (row · ⌈Tk/16⌉ + col // 16,  batch·head,  offset_lo,  offset_hi),   key = seed
+    counter = (g,  batch·head,  offset_lo,  offset_hi),   key = seed,
+    g = ((m // 32)·4 + (m % 8) // 2) · ⌈Tk/16⌉·8 + (n // 16)·8 + n % 8
 
-yields four 32-bit words, i.e. sixteen 8-bit numbers, that decide sixteen neighbouring columns: column
-16·g + 4·w + b takes byte b of word w. Because nothing depends on the tile shape, the forward and both backward
-kernels, which tile the Tq×Tk matrix differently, see the same mask, and nothing of that size is ever stored.
+yields four 32-bit words, i.e. sixteen 8-bit numbers. They decide the sixteen elements that share g: keys n and
+n + 8 (n % 16 < 8) times the queries 32·i + 8·j + 2·c + e (j < 4, e < 2) of one (i, c). Element (m, n) takes byte
+b = 8·((n % 16) // 8) + 2·((m % 32) // 8) + m % 2, i.e. byte b % 4 of word b // 4. Because nothing depends on the
+tile shape, the forward and both backward kernels, which tile the Tq×Tk matrix differently, see the same mask, and
+nothing of that size is ever stored.
+
+Why this grouping: it is the set of elements one thread holds in a Hopper wgmma accumulator of a key-major tile
+(keys as rows: rows r and r + 8 of a 16-row slab, columns 2·c, 2·c + 1 of every 8), the layout of the dK/dV pass,
+the slowest with dropout. There each thread draws exactly the numbers it uses, with no exchange through shared
+memory. The forward and dQ passes, whose tiles are query-major, exchange the draws' 32-bit words instead
+(`dropout_keep_mask`). Against drawing 16 neighbouring keys of one query, as before, this measured 1.11-1.14x
+faster fwd+bwd with dropout at D = 64 (results/tuning/h200-2026-11-26-dropout-bwd/).
 
 Why 8 bits: the random numbers, not the matrix products, bound the speed of attention with dropout, and a
 decision costs one shift and one compare once the draw is made; 8-bit numbers give sixteen decisions per draw
@@ -91,29 +102,67 @@ def _byte_decisions(words, threshold):
 
 
 @triton.jit
-def dropout_keep_mask(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keep-mask (BLOCK_M, BLOCK_N) for rows offs_m and key columns [start_n, start_n + BLOCK_N) of one head's
-    stream rng = (seed, offset_lo, offset_hi, bh, threshold).
+def dropout_keep_mask_t(rng, start_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keep-mask (BLOCK_N, BLOCK_M), key-major: key columns [start_n, start_n + BLOCK_N) as rows, query rows
+    [start_m, start_m + BLOCK_M) as columns, of one head's stream rng = (seed, offset_lo, offset_hi, bh, threshold).
 
-    seq_len is the number of key columns Tk; start_n and BLOCK_N must be multiples of 16."""
-    groups_per_row = (seq_len + 15) // 16
-    offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)
-    w0, w1, w2, w3 = _draw(rng, (offs_m[:, None] * groups_per_row + offs_g[None, :]).to(tl.uint32, bitcast=True))
-    # join(join(a, c), join(b, d)) has shape (..., 2, 2) with its [..., i, j] = (a, b, c, d)[2·i + j], so
-    # flattening the last two dims lists a, b, c, d in order. Here: word w of group g lands at 4·g + w.
-    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_M, BLOCK_N // 4))
-    keep0, keep1, keep2, keep3 = _byte_decisions(words, rng[4])
-    # Byte b of word 4·g + w decides column 4·(4·g + w) + b = 16·g + 4·w + b.
-    return tl.reshape(tl.join(tl.join(keep0, keep2), tl.join(keep1, keep3)), (BLOCK_M, BLOCK_N))
+    seq_len is the number of key columns Tk; start_n, BLOCK_N are multiples of 16, start_m of BLOCK_M, and BLOCK_M
+    is 16 or a multiple of 32."""
+    NB: tl.constexpr = BLOCK_N // 16
+    MB: tl.constexpr = (BLOCK_M + 31) // 32
+    # The draws of the tile, (n // 16·8 + n % 8, m // 32·4 + (m % 8) // 2): key slab and row within it × query
+    # group and column pair.
+    keys = start_n // 16 * 8 + tl.arange(0, NB * 8)
+    queries = start_m // 32 * 4 + tl.arange(0, MB * 4)
+    per_group = (seq_len + 15) // 16 * 8
+    w0, w1, w2, w3 = _draw(rng, (queries[None, :] * per_group + keys[:, None]).to(tl.uint32, bitcast=True))
+    # Element (m, n) reads byte j0·2 + e of word h·2 + j1, with h = (n % 16) // 8 and j1, j0, e the bits of
+    # (m % 32) // 16, (m % 16) // 8, m % 2. join(join(a, c), join(b, d)) has shape (..., 2, 2) with its
+    # [..., i, j] = (a, b, c, d)[2·i + j]: each word's decisions as [..., j0, e].
+    a0, a1, a2, a3 = _byte_decisions(w0, rng[4])
+    b0, b1, b2, b3 = _byte_decisions(w1, rng[4])
+    c0, c1, c2, c3 = _byte_decisions(w2, rng[4])
+    d0, d1, d2, d3 = _byte_decisions(w3, rng[4])
+    by_word0 = tl.join(tl.join(a0, a2), tl.join(a1, a3))
+    by_word1 = tl.join(tl.join(b0, b2), tl.join(b1, b3))
+    by_word2 = tl.join(tl.join(c0, c2), tl.join(c1, c3))
+    by_word3 = tl.join(tl.join(d0, d2), tl.join(d1, d3))
+    if BLOCK_M == 16:  # half a query group: the words of its j1, (NB·8, 4, j0, e, h)
+        upper = (start_m % 32) >= 16
+        keep = tl.join(tl.where(upper, by_word1, by_word0), tl.where(upper, by_word3, by_word2))
+        keep = tl.reshape(keep, (NB, 8, 4, 2, 2, 2))  # (n // 16, n % 8, c, j0, e, h)
+        keep = tl.permute(keep, (0, 5, 1, 3, 2, 4))  # (n // 16, h, n % 8, j0, c, e)
+    else:
+        keep = tl.join(tl.join(by_word0, by_word2), tl.join(by_word1, by_word3))  # (NB·8, MB·4, j0, e, h, j1)
+        keep = tl.reshape(keep, (NB, 8, MB, 4, 2, 2, 2, 2))  # (n // 16, n % 8, m // 32, c, j0, e, h, j1)
+        keep = tl.permute(keep, (0, 6, 1, 2, 7, 4, 3, 5))  # (n // 16, h, n % 8, m // 32, j1, j0, c, e)
+    return tl.reshape(keep, (BLOCK_N, BLOCK_M))
 
 
 @triton.jit
-def dropout_keep_mask_t(rng, offs_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The transpose of `dropout_keep_mask`, (BLOCK_N, BLOCK_M), drawn in that orientation (key columns as rows)."""
-    groups_per_row = (seq_len + 15) // 16
-    offs_g = start_n // 16 + tl.arange(0, BLOCK_N // 16)
-    w0, w1, w2, w3 = _draw(rng, (offs_g[:, None] + offs_m[None, :] * groups_per_row).to(tl.uint32, bitcast=True))
-    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_N // 16, BLOCK_M, 4))  # [g, m, w]
-    keep0, keep1, keep2, keep3 = _byte_decisions(words, rng[4])
-    keep = tl.reshape(tl.join(tl.join(keep0, keep2), tl.join(keep1, keep3)), (BLOCK_N // 16, BLOCK_M, 16))
-    return tl.reshape(tl.permute(keep, (0, 2, 1)), (BLOCK_N, BLOCK_M))  # row 16·g + 4·w + b
+def dropout_keep_mask(rng, start_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The same mask query-major, (BLOCK_M, BLOCK_N), for the forward and dQ tiles. A thread there holds the
+    elements of several draws, so the draws' words, not their decisions, are laid out per element (an exchange of
+    32-bit words; transposing the key-major booleans costs a byte-wise one with many more barriers), and each
+    element then tests its byte."""
+    NB: tl.constexpr = BLOCK_N // 16
+    MB: tl.constexpr = (BLOCK_M + 31) // 32
+    keys = start_n // 16 * 8 + tl.arange(0, NB * 8)
+    queries = start_m // 32 * 4 + tl.arange(0, MB * 4)
+    per_group = (seq_len + 15) // 16 * 8
+    w0, w1, w2, w3 = _draw(rng, (queries[:, None] * per_group + keys[None, :]).to(tl.uint32, bitcast=True))
+    # Element (m, n) reads word h·2 + j1 (h = (n % 16) // 8, j1 = (m % 32) // 16), broadcast over j0 and e.
+    if BLOCK_M == 16:  # half a query group: the words of its j1, (4, NB·8, h)
+        upper = (start_m % 32) >= 16
+        words = tl.where(upper, tl.join(w1, w3), tl.join(w0, w2))
+        words = tl.broadcast_to(tl.reshape(words, (4, NB, 8, 2, 1, 1)), (4, NB, 8, 2, 2, 2))  # (c, ·, ·, h, j0, e)
+        words = tl.permute(words, (4, 0, 5, 1, 3, 2))  # (j0, c, e, n // 16, h, n % 8)
+    else:
+        words = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # (MB·4, NB·8, h, j1)
+        words = tl.broadcast_to(tl.reshape(words, (MB, 4, NB, 8, 2, 2, 1, 1)), (MB, 4, NB, 8, 2, 2, 2, 2))
+        words = tl.permute(words, (0, 5, 6, 1, 7, 2, 4, 3))  # (m // 32, j1, j0, c, e, n // 16, h, n % 8)
+    words = tl.reshape(words, (BLOCK_M, BLOCK_N))
+    # Byte j0·2 + e of the word (j0 = (m % 16) // 8, e = m % 2), moved to the top as in `_byte_decisions`.
+    rows = tl.arange(0, BLOCK_M)
+    shift = (24 - 8 * ((rows % 16) // 8 * 2 + rows % 2)).to(tl.uint32)
+    return (words << shift[:, None]) >= (rng[4].to(tl.uint32) << 24)

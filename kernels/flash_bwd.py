@@ -175,8 +175,9 @@ def _dkdv_tile(
     sT = tl.dot(k, qT, input_precision=INPUT_PRECISION)  # (BLOCK_N, BLOCK_M)
     if DROPOUT:
         # Drawn after the product is issued, so that ptxas overlaps the two (H200, D = 64: 5% faster than drawing
-        # before it, and than after dP's product). Drawn key-major, as the tile is: no transpose.
-        keepT = dropout_keep_mask_t(rng, offs_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
+        # before it, and than after dP's product). Key-major, as the tile is: each thread draws the numbers of
+        # the elements it holds (see dropout.py), with no exchange through shared memory.
+        keepT = dropout_keep_mask_t(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     pT = tl.exp2(sT * qk_scale - lse2[None, :])
     if MASKED:
         q_pos = offs_m + (seq_len_k - seq_len_q)
@@ -604,7 +605,7 @@ def _dq_tile(
     """Accumulate dQ of one query tile over the key tile at start_n. k_src, v_src: tensor descriptors of this
     head's K and V (TMA), or pointers to the tile's Kᵀ and Vᵀ. rows, row_stats = (LSE·log2 e, δ) of the rows,
     masking, rng, scales and MASKS: as built by `flash_bwd_dq_kernel`."""
-    offs_m, q_pos, q_doc = rows
+    offs_m, q_pos, q_doc, start_m = rows
     lse2, delta = row_stats
     seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row = masking
     qk_scale, dropout_scale = scales
@@ -627,7 +628,7 @@ def _dq_tile(
 
     s = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N)
     if DROPOUT:  # drawn after the product is issued, so that ptxas overlaps the two (as in `_dkdv_tile`)
-        keep = dropout_keep_mask(rng, offs_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
+        keep = dropout_keep_mask(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     p = tl.exp2(s * qk_scale - lse2[:, None])
     if MASKED:
         k_doc = tl.load(doc_row + offs_n, mask=col_ok, other=0)[None, :] if DOCS else 0
@@ -897,7 +898,7 @@ def flash_bwd_dq_kernel(
         kept = KeptIndex
         block_row = 0
     # What the key tiles share, grouped as in the forward, plus the rows' LSE·log2 e and δ.
-    rows = (offs_m, q_pos, q_doc)
+    rows = (offs_m, q_pos, q_doc, start_m)
     masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
     MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS)

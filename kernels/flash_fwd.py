@@ -61,7 +61,7 @@ def _forward_tile(
     mask and every mask. k_src, v_src: tensor descriptors of this head's K and V (TMA), or pointers to the tile's Kᵀ
     and V. rows, masking, rng and MASKS: as built by `flash_fwd_kernel`."""
     acc, l_i, m_i = state
-    offs_m, q_pos, q_doc = rows
+    offs_m, q_pos, q_doc, start_m = rows
     seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row = masking
     CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS = MASKS
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -84,10 +84,10 @@ def _forward_tile(
     # with them (H200, same-process A/B): with descriptor tiles, after QKᵀ is issued (D = 64: 1-2% faster,
     # D = 128: 7%); with pointer tiles, before it (D = 128: 11% faster than after).
     if DROPOUT and not TMA:
-        keep = dropout_keep_mask(rng, offs_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
+        keep = dropout_keep_mask(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
     if DROPOUT and TMA:
-        keep = dropout_keep_mask(rng, offs_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
+        keep = dropout_keep_mask(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     if MASKED:
         k_doc = tl.load(doc_row + offs_n, mask=in_bounds, other=0)[None, :] if DOCS else 0
         seen = visible(
@@ -344,7 +344,7 @@ def flash_fwd_kernel(
         block_row = 0
     # What the tiles share, grouped: the query rows (index, absolute position, document), what the elementwise mask
     # reads, this head's dropout stream, and the masks given (compile-time flags).
-    rows = (offs_m, q_pos, q_doc)
+    rows = (offs_m, q_pos, q_doc, start_m)
     masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
     MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS)

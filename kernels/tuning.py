@@ -54,7 +54,8 @@ class LaunchConfig:
 
     def validate(self, kernel_pass: str) -> None:
         """Each pass walks its diagonal band in steps of the smaller tile, which must divide the larger. Tiles are
-        powers of two of at least 16: tl.dot needs 16, and a dropout draw decides 16 key columns."""
+        powers of two of at least 16: tl.dot needs 16, and a dropout draw spans 16 keys (and 32 queries, half of
+        which a 16-row query tile takes)."""
         for tile in (self.block_m, self.block_n):
             if tile < MIN_TILE or tile & (tile - 1):
                 raise ValueError(f"{kernel_pass}: tile {tile} must be a power of two >= {MIN_TILE} ({self})")

@@ -16,7 +16,13 @@ import triton.language as tl
 from flashgpt.attention_reference import lse_err, reference_attention, rel_err
 from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
 from flashgpt.kernels import attention_op, flash_attention
-from flashgpt.kernels.dropout import dropout_keep_mask, effective_dropout_p, keep_scale, keep_threshold
+from flashgpt.kernels.dropout import (
+    dropout_keep_mask,
+    dropout_keep_mask_t,
+    effective_dropout_p,
+    keep_scale,
+    keep_threshold,
+)
 
 FP32_TOL = 1e-5  # the interpreter's fp32 products are exact; what remains is summation order
 LOW_PRECISION_TOL = 2e-2  # bf16/fp16 inputs, outputs and probabilities rounded to 8/11 mantissa bits
@@ -129,13 +135,19 @@ def test_large_logits_stay_finite(seed):
 
 @triton.jit
 def _keep_mask_kernel(out, seed, offset_lo, offset_hi, bh, n_rows, seq_len, threshold, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr):  # fmt: skip
-    """Writes the keep-mask of rows [0, n_rows) and columns [0, seq_len), tile by tile."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+                      BLOCK_N: tl.constexpr, KEY_MAJOR: tl.constexpr):  # fmt: skip
+    """Writes the keep-mask of rows [0, n_rows) and columns [0, seq_len), tile by tile, drawn query-major
+    (`dropout_keep_mask`, the forward's and dQ's) or key-major (`dropout_keep_mask_t`, the dK/dV pass's)."""
+    start_m = tl.program_id(0) * BLOCK_M
     start_n = tl.program_id(1) * BLOCK_N
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    keep = dropout_keep_mask((seed, offset_lo, offset_hi, bh, threshold), offs_m, start_n, seq_len, BLOCK_M, BLOCK_N)
+    rng = (seed, offset_lo, offset_hi, bh, threshold)
     inside = (offs_m[:, None] < n_rows) & (offs_n[None, :] < seq_len)
+    if KEY_MAJOR:
+        keep = tl.trans(dropout_keep_mask_t(rng, start_m, start_n, seq_len, BLOCK_M, BLOCK_N))
+    else:
+        keep = dropout_keep_mask(rng, start_m, start_n, seq_len, BLOCK_M, BLOCK_N)
     tl.store(out + offs_m[:, None] * seq_len + offs_n[None, :], keep.to(tl.int8), mask=inside)
 
 
@@ -157,28 +169,33 @@ def philox4x32(counter: list[np.ndarray], key: tuple[int, int], rounds: int = 7)
 
 
 def reference_keep_mask(seed: int, offset: int, bh: int, n_rows: int, seq_len: int, threshold: int) -> torch.Tensor:
-    """The layout dropout.py documents: draw row·⌈T/16⌉ + col // 16 decides 16 columns, column 16·g + 4·w + b by
-    byte b of word w."""
+    """The layout dropout.py documents: element (m, n) takes byte b = 8·((n % 16) // 8) + 2·((m % 32) // 8) + m % 2
+    of draw ((m // 32)·4 + (m % 8) // 2)·⌈T/16⌉·8 + (n // 16)·8 + n % 8, i.e. byte b % 4 of word b // 4."""
     rows, cols = np.meshgrid(np.arange(n_rows), np.arange(seq_len), indexing="ij")
-    counter = rows * ((seq_len + 15) // 16) + cols // 16
+    counter = ((rows // 32) * 4 + (rows % 8) // 2) * ((seq_len + 15) // 16 * 8) + (cols // 16) * 8 + cols % 8
     fill = np.ones_like(counter)
     words = philox4x32([counter, fill * bh, fill * (offset & 0xFFFFFFFF), fill * (offset >> 32)],
                        (seed & 0xFFFFFFFF, seed >> 32))  # fmt: skip
-    word = np.choose((cols % 16) // 4, words)
-    byte = (word >> (8 * (cols % 4)).astype(np.uint64)) & np.uint64(0xFF)
+    b = 8 * ((cols % 16) // 8) + 2 * ((rows % 32) // 8) + rows % 2
+    word = np.choose(b // 4, words)
+    byte = (word >> (8 * (b % 4)).astype(np.uint64)) & np.uint64(0xFF)
     return torch.from_numpy(byte >= threshold)
 
 
-@pytest.mark.parametrize("tile", [(16, 16), (32, 64), (64, 32)], ids=str)
-def test_keep_mask_is_the_documented_philox_layout(tile, seed):
-    """Every tile shape the kernels launch with yields the same mask, and it is the documented one."""
+@pytest.mark.parametrize("key_major", [False, True], ids=["query-major", "key-major"])
+@pytest.mark.parametrize("tile", [(16, 16), (32, 64), (64, 32), (128, 16)], ids=str)
+def test_keep_mask_is_the_documented_philox_layout(tile, key_major, seed):
+    """Every tile shape the kernels launch with, in either orientation, yields the same mask, and it is the
+    documented one."""
     rng = np.random.default_rng(seed)
     draw_seed, offset, bh = (int(x) for x in rng.integers(0, 2**62, 3))
     bh %= 1000
-    n_rows, seq_len, threshold = 40, 70, keep_threshold(0.3)
+    n_rows, seq_len, threshold = 70, 90, keep_threshold(0.3)
     out = torch.empty(n_rows, seq_len, dtype=torch.int8)
     grid = (triton.cdiv(n_rows, tile[0]), triton.cdiv(seq_len, tile[1]))
-    _keep_mask_kernel[grid](out, draw_seed, offset & 0xFFFFFFFF, offset >> 32, bh, n_rows, seq_len, threshold, *tile)
+    _keep_mask_kernel[grid](
+        out, draw_seed, offset & 0xFFFFFFFF, offset >> 32, bh, n_rows, seq_len, threshold, *tile, key_major
+    )
     expected = reference_keep_mask(draw_seed, offset, bh, n_rows, seq_len, threshold)
     assert torch.equal(out.bool(), expected), f"seed {seed}"
 
