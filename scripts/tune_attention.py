@@ -33,7 +33,7 @@ from flashgpt.kernels.launch import (
     launch_forward,
     launch_preprocess,
 )
-from flashgpt.kernels.tuning import NATIVE_HEAD_DIMS, LaunchConfig, table_key
+from flashgpt.kernels.tuning import NATIVE_HEAD_DIMS, TUNED_TABLE, LaunchConfig, table_key
 
 CANDIDATES: dict[str, list[LaunchConfig]] = {
     "fwd": [
@@ -220,7 +220,8 @@ def main() -> None:
 
     dtype, dtype_name = torch.bfloat16, "bfloat16"
     passes = args.passes.split(",")
-    existing = json.loads(args.out.read_text()) if args.out.exists() else {}
+    # Shapes and passes this run does not time keep their entries: from --out, or for a new file the committed table.
+    existing = json.loads((args.out if args.out.exists() else TUNED_TABLE).read_text())
     table, schedules = existing.get("configs", {}), existing.get("backward", {})
     log = []
     started = time.time()
