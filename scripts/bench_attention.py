@@ -40,13 +40,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Pure torch, safe to import before TRITON_INTERPRET is set; the kernels are imported when first used.
 from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
 from flashgpt.attention_reference import reference_attention, rel_err
+from flashgpt.command_line import command_line, csv_list, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHORS = ROOT / "results" / "anchors" / "h100-attention.json"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from cli import command_line  # scripts/ is on sys.path when run as a script
 
+from flashgpt.command_line import command_line
 from flashgpt.model.gpt import GPT, ModelConfig
 from flashgpt.training.checkpoint import LATEST, capture_rng_state, load_checkpoint, save_checkpoint, verify_checkpoint
 from flashgpt.training.config import TrainConfig

@@ -44,13 +44,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
 from torch import Tensor
 
 # Pure torch, safe to import before TRITON_INTERPRET is set; the kernels are imported when first used.
 from flashgpt.attention_masks import dense_mask
 from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
 from flashgpt.attention_reference import reference_attention, rel_err
+from flashgpt.command_line import command_line, csv_list, write_json
 from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
 from nanogpt_reference import ReferenceConfig, reference_step
 from torch import Tensor
 
+from flashgpt.command_line import command_line, csv_list, write_json
 from flashgpt.data.batches import get_batch
 from flashgpt.training.mfu import device_name, mfu, peak_flops_per_sec
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 import triton.testing
 from bench_masks import HEAD_DIM, HEADS, MASKS, TOKENS_PER_CALL, Profile, build_case, flash_fn
-from cli import command_line, csv_list, write_json  # scripts/ is on sys.path when run as a script
 
 from flashgpt.attention_masks import dense_mask
+from flashgpt.command_line import command_line, csv_list, write_json
 from flashgpt.kernels import launch
 
 TUNED_CONFIG_FOR = launch.config_for

@@ -15,13 +15,12 @@ import bench_attention  # the scripts, on pytest's pythonpath
 import matplotlib.image
 import pytest
 import report
-import sweep
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
 from flashgpt.attention_reference import reference_attention
-from flashgpt.training import study, study_report
+from flashgpt.training import study, study_report, sweep
 from flashgpt.training.config import grad_accum_steps, register_configs, typed_config, validate
 
 ROOT = Path(__file__).resolve().parents[1]

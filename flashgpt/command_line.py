@@ -1,4 +1,4 @@
-"""Command-line helpers shared by the scripts (scripts/ is on sys.path when one of them runs as a file)."""
+"""Command-line helpers shared by the scripts and the package's runners."""
 
 import json
 import shlex
