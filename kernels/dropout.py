@@ -102,6 +102,21 @@ def _byte_decisions(words, threshold):
 
 
 @triton.jit
+def _tile_draws(rng, start_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEY_MAJOR: tl.constexpr):
+    """The four words of every draw a tile's elements use: draw (n // 16·8 + n % 8, m // 32·4 + (m % 8) // 2), i.e.
+    key slab and row within it × query group and column pair, laid out (keys, queries) if KEY_MAJOR, else
+    (queries, keys). A 16-row query tile draws its whole 32-row group."""
+    keys = start_n // 16 * 8 + tl.arange(0, BLOCK_N // 16 * 8)
+    queries = start_m // 32 * 4 + tl.arange(0, (BLOCK_M + 31) // 32 * 4)
+    per_group = (seq_len + 15) // 16 * 8
+    if KEY_MAJOR:
+        counter = queries[None, :] * per_group + keys[:, None]
+    else:
+        counter = queries[:, None] * per_group + keys[None, :]
+    return _draw(rng, counter.to(tl.uint32, bitcast=True))
+
+
+@triton.jit
 def dropout_keep_mask_t(rng, start_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Keep-mask (BLOCK_N, BLOCK_M), key-major: key columns [start_n, start_n + BLOCK_N) as rows, query rows
     [start_m, start_m + BLOCK_M) as columns, of one head's stream rng = (seed, offset_lo, offset_hi, bh, threshold).
@@ -110,12 +125,7 @@ def dropout_keep_mask_t(rng, start_m, start_n, seq_len, BLOCK_M: tl.constexpr, B
     is 16 or a multiple of 32."""
     NB: tl.constexpr = BLOCK_N // 16
     MB: tl.constexpr = (BLOCK_M + 31) // 32
-    # The draws of the tile, (n // 16·8 + n % 8, m // 32·4 + (m % 8) // 2): key slab and row within it × query
-    # group and column pair.
-    keys = start_n // 16 * 8 + tl.arange(0, NB * 8)
-    queries = start_m // 32 * 4 + tl.arange(0, MB * 4)
-    per_group = (seq_len + 15) // 16 * 8
-    w0, w1, w2, w3 = _draw(rng, (queries[None, :] * per_group + keys[:, None]).to(tl.uint32, bitcast=True))
+    w0, w1, w2, w3 = _tile_draws(rng, start_m, start_n, seq_len, BLOCK_M, BLOCK_N, True)
     # Element (m, n) reads byte j0·2 + e of word h·2 + j1, with h = (n % 16) // 8 and j1, j0, e the bits of
     # (m % 32) // 16, (m % 16) // 8, m % 2. join(join(a, c), join(b, d)) has shape (..., 2, 2) with its
     # [..., i, j] = (a, b, c, d)[2·i + j]: each word's decisions as [..., j0, e].
@@ -147,10 +157,7 @@ def dropout_keep_mask(rng, start_m, start_n, seq_len, BLOCK_M: tl.constexpr, BLO
     element then tests its byte."""
     NB: tl.constexpr = BLOCK_N // 16
     MB: tl.constexpr = (BLOCK_M + 31) // 32
-    keys = start_n // 16 * 8 + tl.arange(0, NB * 8)
-    queries = start_m // 32 * 4 + tl.arange(0, MB * 4)
-    per_group = (seq_len + 15) // 16 * 8
-    w0, w1, w2, w3 = _draw(rng, (queries[:, None] * per_group + keys[None, :]).to(tl.uint32, bitcast=True))
+    w0, w1, w2, w3 = _tile_draws(rng, start_m, start_n, seq_len, BLOCK_M, BLOCK_N, False)
     # Element (m, n) reads word h·2 + j1 (h = (n % 16) // 8, j1 = (m % 32) // 16), broadcast over j0 and e.
     if BLOCK_M == 16:  # half a query group: the words of its j1, (4, NB·8, h)
         upper = (start_m % 32) >= 16

@@ -35,14 +35,14 @@ class LaunchConfig:
     def parse(cls, text: str) -> "LaunchConfig":
         """BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N], as the profiling scripts take it on the command line."""
         fields = text.split(",")
+        if len(fields) < 4:
+            raise ValueError(f"launch configuration {text!r}: expected BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N]")
         extra: dict = {"tma": "tma" in fields[4:]}
         for field in fields[4:]:
             if field.startswith("maxnreg="):
                 extra["maxnreg"] = int(field.removeprefix("maxnreg="))
             elif field != "tma":
                 raise ValueError(f"unknown field {field!r} in launch configuration {text!r}")
-        if len(fields) < 4:
-            raise ValueError(f"launch configuration {text!r}: expected BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N]")
         return cls(*map(int, fields[:4]), **extra)
 
     def as_dict(self) -> dict:
