@@ -3,7 +3,7 @@
 import shlex
 from dataclasses import dataclass, fields
 
-SOURCE_NAMES = ("shakespeare", "long_prose", "python_stdlib", "sympy", "long_mix", "hf", "text_files")
+SOURCE_NAMES = ("shakespeare", "long_prose", "python_stdlib", "sympy", "python_code", "long_mix", "hf", "text_files")
 
 
 @dataclass

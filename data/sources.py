@@ -12,6 +12,8 @@
   document, split by package (data/python_code.py): 1,472 documents, 14.1M GPT-2 tokens, 245 of 16K or more.
 - `sympy`: the `sympy/` package of the PyPI sdist `sympy==1.13.3`, likewise (data/python_code.py): 1,437
   documents, 12.5M tokens, 200 of 16K tokens or more.
+- `python_code`: `python_stdlib` and `sympy` together, code only, for context studies where long context helps
+  most: 2,909 documents, 26.6M tokens, 445 of 16K tokens or more (46 of them held out).
 - `long_mix`: `long_prose`, `python_stdlib` and `sympy` together, prose and code, for context-length studies
   (scripts/study.py): 3,059 documents, 31.0M tokens, 550 of 16K tokens or more (56 of them held out).
 - `hf`: any Hugging Face `datasets` source (`hf_path`, `hf_name`, `hf_split`, `data_files`, `text_field`),
@@ -220,7 +222,7 @@ def _kjv_books(dump: str) -> dict[str, str]:
     return {book: "\n".join(lines).strip() + "\n" for book, lines in lines_by_book.items()}
 
 
-# --- python_stdlib, sympy and long_mix: code, and code with prose ---
+# --- python_stdlib, sympy, python_code and long_mix: code, and code with prose ---
 
 
 def _python_stdlib(cfg: DataConfig) -> Corpus:
@@ -235,8 +237,16 @@ def _sympy(cfg: DataConfig) -> Corpus:
     return Corpus((Document(path, text, sympy_package_of(path)) for path, text in texts.items()), provenance)
 
 
+def _python_code(cfg: DataConfig) -> Corpus:
+    return _joined([_python_stdlib(cfg), _sympy(cfg)])
+
+
 def _long_mix(cfg: DataConfig) -> Corpus:
-    parts = [_long_prose(cfg), _python_stdlib(cfg), _sympy(cfg)]
+    return _joined([_long_prose(cfg), _python_stdlib(cfg), _sympy(cfg)])
+
+
+def _joined(parts: list[Corpus]) -> Corpus:
+    """The parts' documents one after another (each keeps its works, so each keeps its own split)."""
     provenance = {key: value for part in parts for key, value in part.provenance.items()}
     return Corpus(chain.from_iterable(part.documents for part in parts), provenance)
 
@@ -329,6 +339,7 @@ _SOURCES: dict[str, _Source] = {
     "long_prose": _Source(_long_prose),
     "python_stdlib": _Source(_python_stdlib),
     "sympy": _Source(_sympy),
+    "python_code": _Source(_python_code),
     "long_mix": _Source(_long_mix),
     "hf": _Source(_hugging_face, ("hf_path", "hf_name", "hf_split", "data_files", "text_field")),
     "text_files": _Source(_text_files, ("path",)),

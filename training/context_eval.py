@@ -16,7 +16,8 @@ from tokens 0..i: i is the target's absolute position in the document.
 3. Passkey retrieval. A sentence holding a random five-digit key is put into held-out text, `distance` tokens of
    text before a question about it; the model is right if, teacher-forced, every token of the key is its most
    likely next token. Accuracy against distance shows how far back the model retrieves; a key more than the model's
-   context back is cut off and cannot be found.
+   context back is cut off and cannot be found. Two probes word the needle and the question: in English ("prose")
+   and as Python, an assignment and an assert ("code"), which a model trained on source code reads natively.
 """
 
 import itertools
@@ -30,9 +31,22 @@ from torch import nn
 from flashgpt.data.tokenizer import EOT_ID, get_tokenizer
 from flashgpt.training.precision import autocast
 
-NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
-QUESTION = " What is the pass key? The pass key is"
-ANSWER = " {key}"
+
+@dataclass(frozen=True)
+class Probe:
+    """How a passkey trial words its needle, question and answer (each formatted with the key)."""
+
+    needle: str
+    question: str
+    answer: str = " {key}"
+
+
+PROBES = {
+    "prose": Probe(
+        " The pass key is {key}. Remember it. {key} is the pass key.", " What is the pass key? The pass key is"
+    ),
+    "code": Probe("\nPASS_KEY = {key}  # the pass key\n", "\nassert PASS_KEY =="),
+}
 PASSKEY_PREFIX = 64  # tokens of text before the needle, so that it never sits at the document's start
 
 
@@ -160,13 +174,13 @@ class PasskeyTrial:
 
 
 def passkey_trials(
-    docs: LongDocuments, distances: list[int], n_trials: int, seed: int
+    docs: LongDocuments, distances: list[int], n_trials: int, seed: int, probe: Probe = PROBES["prose"]
 ) -> dict[int, list[PasskeyTrial]]:
     """n_trials trials per distance, the same for every model (they depend on the documents and the seed only). The
     text around the needle is a contiguous stretch of one long held-out document; within a distance every trial has
     the same length (the text before the needle makes up for keys of fewer tokens)."""
     encoding = get_tokenizer()
-    question = encoding.encode_ordinary(QUESTION)
+    question = encoding.encode_ordinary(probe.question)
     trials = {}
     for distance in distances:
         if not 1 <= distance <= docs.length - 2 * PASSKEY_PREFIX:
@@ -176,8 +190,8 @@ def passkey_trials(
             )
         rng = np.random.default_rng([seed, distance])
         keys = rng.integers(10_000, 100_000, size=n_trials)
-        needles = [encoding.encode_ordinary(NEEDLE.format(key=key)) for key in keys]
-        answers = [encoding.encode_ordinary(ANSWER.format(key=key)) for key in keys]
+        needles = [encoding.encode_ordinary(probe.needle.format(key=key)) for key in keys]
+        answers = [encoding.encode_ordinary(probe.answer.format(key=key)) for key in keys]
         longest = max(len(n) + len(a) for n, a in zip(needles, answers, strict=True))
         trials[distance] = []
         for needle, answer in zip(needles, answers, strict=True):

@@ -47,6 +47,11 @@ class Model:
         """The evaluation at the model's own (longest) context."""
         return self.evaluation["contexts"][str(self.evaluation["full_context"])]
 
+    def read(self, reading: str) -> dict | None:
+        """The evaluation at its own context read in sliding windows ("sliding"), or in consecutive windows
+        ("consecutive"; None for evaluations made before it was measured)."""
+        return self.full if reading == "sliding" else self.evaluation.get("consecutive")
+
 
 def load_models(raw: Path) -> tuple[Spec, list[Model], dict]:
     plan_json = read_json(raw / "plan.json")
@@ -87,11 +92,13 @@ def beyond_first_bin(summary: dict) -> tuple[float, list[float]]:
     return overall, per_doc
 
 
-def paired(model: Model, baseline: Model, docs: list[int] | None = None) -> tuple[float, float, int]:
+def paired(
+    model: Model, baseline: Model, docs: list[int] | None = None, reading: str = "sliding"
+) -> tuple[float, float, int]:
     """Mean per-document difference (model - baseline) of the loss past the first bin, its standard error, and
-    the number of documents; `docs` restricts it to some documents (indices)."""
-    _, mine = beyond_first_bin(model.full)
-    _, theirs = beyond_first_bin(baseline.full)
+    the number of documents; `docs` restricts it to some documents (indices); `reading` as in Model.read."""
+    _, mine = beyond_first_bin(model.read(reading))
+    _, theirs = beyond_first_bin(baseline.read(reading))
     keep = range(len(mine)) if docs is None else docs
     diffs = [mine[d] - theirs[d] for d in keep]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
@@ -189,14 +196,39 @@ def context_table(spec: Spec, models: list[Model]) -> str:
     return "\n".join(lines)
 
 
-def passkey_table(models: list[Model]) -> str:
-    distances = sorted({int(d) for m in models for d in m.evaluation["passkey"]})
+def consecutive_table(spec: Spec, models: list[Model]) -> str | None:
+    """Loss by position bin read in consecutive windows of each model's own context, and the paired change past
+    the first bin against its baseline read the same way."""
+    read = [m for m in models if m.read("consecutive") is not None]
+    if not read:
+        return None
+    first = _k(spec.eval.first_bin)
+    bins = list(read[0].read("consecutive")["bins"])
+    lines = [f"| recipe | seed | context | loss at ≥ {first} | Δ vs baseline at ≥ {first} (paired SE) | "
+             + " | ".join(bins) + " |", "|---|---:|---:|---:|---" + "|---:" * len(bins) + "|"]  # fmt: skip
+    for m in read:
+        summary = m.read("consecutive")
+        base = baseline_of(spec, models, m)
+        delta = "–"
+        if base is not None and base.read("consecutive") is not None:
+            delta = "{:+.4f} ({:.4f})".format(*paired(m, base, reading="consecutive")[:2])
+        cells = [_fmt(beyond_first_bin(summary)[0], ".4f"), delta, *(_fmt(summary["bins"][b], ".4f") for b in bins)]
+        lines.append(f"| {m.recipe.name} | {m.seed} | {_k(m.evaluation['full_context'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def passkey_table(models: list[Model], probe: str = "passkey") -> str | None:
+    """Accuracy per distance of the probe's trials (evaluation key `passkey`: prose, `passkey_code`: code)."""
+    models = [m for m in models if probe in m.evaluation]
+    if not models:
+        return None
+    distances = sorted({int(d) for m in models for d in m.evaluation[probe]})
     lines = ["| recipe | seed | context | " + " | ".join(f"d={d}" for d in distances) + " |",
              "|---|---:|---:" + "|---:" * len(distances) + "|"]  # fmt: skip
     for m in models:
         cells = []
         for d in distances:
-            score = m.evaluation["passkey"].get(str(d))
+            score = m.evaluation[probe].get(str(d))
             cut = score is not None and score["needle_in_context"] < 1
             cells.append("–" if score is None else f"{score['accuracy']:.2f}" + (" (cut off)" if cut else ""))
         lines.append(f"| {m.recipe.name} | {m.seed} | {_k(m.evaluation['seq_len'])} | " + " | ".join(cells) + " |")
@@ -290,16 +322,29 @@ def reading(spec: Spec, models: list[Model]) -> list[str]:
                 f"{100 * statistics.fmean(math.expm1(d) for d in means):+.2f}%), "
                 f"paired over {paired(*pairs[0])[2]} documents ({detail}{spread})."
             )
-        passkey = _mean_passkey(group)
-        if passkey:
-            cells = ", ".join(f"d={d}: {acc:.2f}" for d, acc in passkey)
-            lines.append(f"  passkey accuracy (own context {_k(group[0].evaluation['seq_len'])}): {cells}.")
+        read = [(m, b) for m, b in pairs if m.read("consecutive") is not None and b.read("consecutive") is not None]
+        if read:
+            means = [paired(m, b, reading="consecutive")[0] for m, b in read]
+            lines.append(
+                f"  read in consecutive windows of each model's own context: {statistics.fmean(means):+.4f} nats vs "
+                f"{base_name} at positions ≥ {first} (perplexity there "
+                f"{100 * statistics.fmean(math.expm1(d) for d in means):+.2f}%; seeds "
+                + ", ".join(f"{d:+.4f}" for d in means)
+                + ")."
+            )
+        for probe, words in (("passkey", "passkey accuracy"), ("passkey_code", "passkey accuracy, code probe")):
+            if passkey := _mean_passkey(group, probe):
+                cells = ", ".join(f"d={d}: {acc:.2f}" for d, acc in passkey)
+                lines.append(f"  {words} (own context {_k(group[0].evaluation['seq_len'])}): {cells}.")
     return lines
 
 
-def _mean_passkey(group: list[Model]) -> list[tuple[int, float]]:
-    distances = sorted({int(d) for m in group for d in m.evaluation["passkey"]})
-    return [(d, statistics.fmean(m.evaluation["passkey"][str(d)]["accuracy"] for m in group)) for d in distances]
+def _mean_passkey(group: list[Model], probe: str = "passkey") -> list[tuple[int, float]]:
+    """Mean accuracy over the group's seeds per distance; empty unless every model was scored with the probe."""
+    if not all(probe in m.evaluation for m in group):
+        return []
+    distances = sorted({int(d) for m in group for d in m.evaluation[probe]})
+    return [(d, statistics.fmean(m.evaluation[probe][str(d)]["accuracy"] for m in group)) for d in distances]
 
 
 # --- plots ------------------------------------------------------------------------------------------------
@@ -396,6 +441,17 @@ def build_report(results: Path) -> Path:
             f"{spec.eval.stride_divisor}), averaged by absolute position in the document.",
             position_table(models),
             "![loss by position](loss_by_position.png)",
+        ]
+        if consecutive := consecutive_table(spec, models):
+            sections += [
+                "## Reading in consecutive windows",
+                "The same targets read as a fixed-context model reads a long document at no extra cost: consecutive "
+                "windows of the model's own context, so a 1K model restarts every 1,024 tokens and a target has 0 "
+                "to context − 1 tokens of history (sliding windows give it at least 3/4 of the context, at "
+                f"{spec.eval.stride_divisor}× the compute). A 16K model reads each document in one window, as above.",
+                consecutive,
+            ]
+        sections += [
             "## Same tokens, different context",
             "Each model scored on the same targets with 1K, 2K, ... tokens of history, up to its own context: the "
             "weights fixed, only the context varied.",
@@ -407,6 +463,13 @@ def build_report(results: Path) -> Path:
             passkey_table(models),
             "![passkey](passkey.png)",
         ]
+        if code_probe := passkey_table(models, "passkey_code"):
+            sections += [
+                "## Passkey retrieval, code probe",
+                "The same trials worded as Python: the needle `PASS_KEY = <key>  # the pass key` on a line of its "
+                "own, the question `assert PASS_KEY ==` (models evaluated before this probe existed are absent).",
+                code_probe,
+            ]
         if domains := domain_table(spec, models):
             sections += ["## Code and prose", f"Loss at positions ≥ {_k(spec.eval.first_bin)}.", domains]
     sections += [
