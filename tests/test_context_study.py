@@ -26,6 +26,7 @@ from flashgpt.training import jobs, study, study_plan, study_report
 from flashgpt.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.context_eval import (
+    PROBES,
     LongDocuments,
     long_documents,
     passkey_scores,
@@ -86,6 +87,9 @@ def test_python_code_is_split_by_package_and_long_mix_adds_it_to_long_prose():
     mix = read_doc_ids(Path(mix_splits.meta["shard_dir"]))
     for split in ("train", "val"):  # the split is by work, so each part keeps its own split inside the mix
         assert mix[split] == prose[split] + stdlib[split] + sympy[split]
+    code = read_doc_ids(Path(load_splits(DataConfig(name="python_code", cache_dir=CACHE)).meta["shard_dir"]))
+    for split in ("train", "val"):  # code alone: the same documents on the same sides
+        assert code[split] == stdlib[split] + sympy[split]
     provenance = mix_splits.meta["provenance"]
     assert provenance["python_stdlib_skipped_not_utf8"] == 4 and len(provenance["python_stdlib"]) == 3
     assert "sympy-1.13.3.tar.gz" in provenance["sympy"] and "kjv" in provenance
@@ -193,6 +197,28 @@ def test_passkey_trials_are_fixed_and_of_one_length_per_distance(shakespeare_val
     assert not np.array_equal(other_seed[10][0].tokens, trials[10][0].tokens)
     with pytest.raises(ValueError, match="passkey distance"):
         passkey_trials(shakespeare_val, [590], n_trials=1, seed=0)
+
+
+def test_the_code_probe_words_the_same_trials_as_python(shakespeare_val):
+    prose = passkey_trials(shakespeare_val, [10, 200], n_trials=6, seed=0)
+    code = passkey_trials(shakespeare_val, [10, 200], n_trials=6, seed=0, probe=PROBES["code"])
+    encoding = get_tokenizer()
+    for distance, group in code.items():
+        assert len({len(trial.tokens) for trial in group}) == 1
+        for trial, same in zip(group, prose[distance], strict=True):
+            text = encoding.decode(trial.tokens[trial.needle_start :].tolist())
+            key = encoding.decode(trial.tokens[trial.answer_start :].tolist()).strip()
+            assert key == encoding.decode(same.tokens[same.answer_start :].tolist()).strip()  # the same keys
+            assert text.startswith(f"\nPASS_KEY = {key}  # the pass key\n")
+            assert text.endswith(f"\nassert PASS_KEY == {key}")
+
+
+def test_the_code_probe_asks_for_a_binding_that_copying_cannot_answer(shakespeare_val):
+    """`assert PASS_KEY ==` never occurs in the needle `PASS_KEY = <key>`: a perfect induction head, which
+    answers the prose probe, cannot answer this one even with the needle in view."""
+    trials = passkey_trials(shakespeare_val, [20], n_trials=4, seed=0, probe=PROBES["code"])
+    scores = passkey_scores(InductionOracle(), trials, context=200, device=CPU, batch_tokens=1000)
+    assert scores[20]["needle_in_context"] == 1.0 and scores[20]["accuracy"] == 0.0
 
 
 def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shakespeare_val):
@@ -558,9 +584,13 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
     assert plan.finals[("fixed-64-time", 0)].max_steps == max(1, expected)
 
     # The evaluation file is what context_eval computes from the run's checkpoint.
+    def model_at(run_dir: Path, block_size: int) -> GPT:
+        model = GPT(ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128), block_size, "sdpa")
+        model.load_state_dict(load_checkpoint(run_dir / "checkpoints" / "latest.pt")["model"])
+        return model
+
     evaluation = json.loads((runs / "evals" / "seed0" / "64x6_256.json").read_text())
-    model = GPT(ModelConfig(name="gpt2-tiny", n_layer=2, n_head=2, d_model=128), 256, "sdpa")
-    model.load_state_dict(load_checkpoint(extension / "checkpoints" / "latest.pt")["model"])
+    model = model_at(extension, 256)
     splits = load_splits(DataConfig(cache_dir=CACHE))
     val_ids = read_doc_ids(Path(splits.meta["shard_dir"]))["val"]
     docs = long_documents(splits.val, splits.val_docs, val_ids, length=256, max_docs=3)
@@ -569,6 +599,13 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
     assert evaluation["contexts"]["256"]["loss"] == pytest.approx(losses.mean(), rel=1e-6)
     assert set(evaluation["contexts"]) == {"64", "128", "256"} and set(evaluation["passkey"]) == {"16", "100"}
     assert evaluation["passkey"]["100"]["needle_in_context"] == 1.0
+    assert set(evaluation["passkey_code"]) == {"16", "100"}
+    # Read in consecutive windows: at its own 256 tokens the extension reads each 256-target document in one window.
+    assert evaluation["consecutive"]["loss"] == pytest.approx(losses.mean(), rel=1e-6)
+    baseline = json.loads((runs / "evals" / "seed0" / "64.json").read_text())
+    restarts = token_losses(model_at(runs / "seed0" / "64", 64), docs, context=64, stride=64, device=CPU,
+                            batch_tokens=2048)  # fmt: skip
+    assert baseline["consecutive"]["loss"] == pytest.approx(restarts.mean(), rel=1e-6)
 
     # The report is built from the exported raw files alone: the runs are gone by then.
     shutil.rmtree(runs)
@@ -581,5 +618,8 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
         assert f"| {recipe} |" in text
     assert "| fixed-64 | 0 | 64 | 0.00 | 0.00 (cut off) |" in text  # the 100-token passkey is beyond 64 tokens
     assert "extend_from=" in text and "train.stop_at_step=6" in text  # the commands that made each run
+    for section in ("## Reading in consecutive windows", "Mean loss of a key token", "## Passkey retrieval, code"):
+        assert section in text
+    assert "read in consecutive windows of each model's own context" in text  # ext-256 against fixed-64
     for plot in ("loss_by_position.png", "context.png", "passkey.png"):
         assert matplotlib.image.imread(results / plot).shape[0] > 100

@@ -16,8 +16,10 @@ from tokens 0..i: i is the target's absolute position in the document.
 3. Passkey retrieval. A sentence holding a random five-digit key is put into held-out text, `distance` tokens of
    text before a question about it; the model is right if, teacher-forced, every token of the key is its most
    likely next token. Accuracy against distance shows how far back the model retrieves; a key more than the model's
-   context back is cut off and cannot be found. Two probes word the needle and the question: in English ("prose")
-   and as Python, an assignment and an assert ("code"), which a model trained on source code reads natively.
+   context back is cut off and cannot be found. Two probes word the needle and the question. In English ("prose")
+   the question ends with the needle's own words, so copying what followed them answers it (an induction head
+   can). As Python ("code": `PASS_KEY = <key>`, then `assert PASS_KEY ==`) it asks for the value bound to a name,
+   which copying cannot answer.
 """
 
 import itertools

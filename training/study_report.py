@@ -217,8 +217,9 @@ def consecutive_table(spec: Spec, models: list[Model]) -> str | None:
     return "\n".join(lines)
 
 
-def passkey_table(models: list[Model], probe: str = "passkey") -> str | None:
-    """Accuracy per distance of the probe's trials (evaluation key `passkey`: prose, `passkey_code`: code)."""
+def passkey_table(models: list[Model], probe: str = "passkey", measure: str = "accuracy") -> str | None:
+    """Accuracy (or the mean loss of a key token, `measure="key_loss"`) per distance of the probe's trials
+    (evaluation key `passkey`: prose, `passkey_code`: code)."""
     models = [m for m in models if probe in m.evaluation]
     if not models:
         return None
@@ -230,7 +231,7 @@ def passkey_table(models: list[Model], probe: str = "passkey") -> str | None:
         for d in distances:
             score = m.evaluation[probe].get(str(d))
             cut = score is not None and score["needle_in_context"] < 1
-            cells.append("–" if score is None else f"{score['accuracy']:.2f}" + (" (cut off)" if cut else ""))
+            cells.append("–" if score is None else f"{score[measure]:.2f}" + (" (cut off)" if cut else ""))
         lines.append(f"| {m.recipe.name} | {m.seed} | {_k(m.evaluation['seq_len'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -463,12 +464,21 @@ def build_report(results: Path) -> Path:
             passkey_table(models),
             "![passkey](passkey.png)",
         ]
+        sections += [
+            "Mean loss of a key token (nats), which shows the partial retrieval that exact recall misses: a "
+            "uniform guess among the 90,000 five-digit keys (two or three tokens each) costs about 4–6 nats a "
+            "token, and a model whose context cuts the needle off pays 9–10.",
+            passkey_table(models, measure="key_loss"),
+        ]
         if code_probe := passkey_table(models, "passkey_code"):
             sections += [
                 "## Passkey retrieval, code probe",
                 "The same trials worded as Python: the needle `PASS_KEY = <key>  # the pass key` on a line of its "
-                "own, the question `assert PASS_KEY ==` (models evaluated before this probe existed are absent).",
+                "own, the question `assert PASS_KEY ==`, which asks for the value bound to a name rather than for "
+                "a copy of what followed the question's own words (models evaluated before this probe existed are "
+                "absent). Accuracy, then the mean loss of a key token.",
                 code_probe,
+                passkey_table(models, "passkey_code", "key_loss"),
             ]
         if domains := domain_table(spec, models):
             sections += ["## Code and prose", f"Loss at positions ≥ {_k(spec.eval.first_bin)}.", domains]
