@@ -411,8 +411,9 @@ def _attention_backward(
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if deterministic or backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout,
-                                              k.shape[2]) == "split":  # fmt: skip
+    schedule = backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],
+                                     masks.document_ids is not None)  # fmt: skip
+    if deterministic or schedule == "split":
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
         launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o, dlse=dlse)

@@ -143,12 +143,18 @@ def tuned_config(
 
 @functools.lru_cache(maxsize=1024)
 def backward_schedule_for(
-    head_dim: int, dtype: torch.dtype, device: torch.device, causal: bool, dropout: bool, seq_len_k: int
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    causal: bool,
+    dropout: bool,
+    seq_len_k: int,
+    documents: bool = False,
 ) -> str:
     """`tuning.backward_schedule` ("fused" or "split") for queries of head_dim and dtype on device."""
     hopper = device.type == "cuda" and is_hopper(device)
-    return backward_schedule(head_dim, dtype_name(dtype), causal, dropout, seq_len_k, interpreting=interpreting(),
-                             hopper=hopper)  # fmt: skip
+    return backward_schedule(head_dim, dtype_name(dtype), causal, dropout, seq_len_k, documents=documents,
+                             interpreting=interpreting(), hopper=hopper)  # fmt: skip
 
 
 @torch.compiler.assume_constant_result

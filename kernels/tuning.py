@@ -109,19 +109,31 @@ def _tuned_table() -> dict[str, LaunchConfig]:
 
 @cache
 def backward_schedule(
-    head_dim: int, dtype: str, causal: bool, dropout: bool, seq_len: int, *, interpreting: bool, hopper: bool
+    head_dim: int,
+    dtype: str,
+    causal: bool,
+    dropout: bool,
+    seq_len: int,
+    *,
+    documents: bool = False,
+    interpreting: bool,
+    hopper: bool,
 ) -> str:
     """The faster backward where determinism is not asked for: "fused" (5 products, dQ summed with float atomics)
     or "split" (the deterministic 7-product kernels), as the tuner measured it for this shape on Hopper. Split for
     shapes and GPUs it did not measure, where the fused one is untimed (and it won only with dropout where it was
-    timed); fused in the interpreter, so that the CPU tests run it by default."""
+    timed); fused in the interpreter, so that the CPU tests run it by default. With document masks the table's
+    `backward_documents` entries, where measured, take precedence: their short, ragged loops favour another choice."""
     if interpreting:
         return "fused"
     if not hopper:
         return "split"
     tuned_dtype = "bfloat16" if dtype == "float16" else dtype
     key = table_key("backward", head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
-    return _tuned_file().get("backward", {}).get(key, "split")
+    table = _tuned_file()
+    if documents and key in table.get("backward_documents", {}):
+        return table["backward_documents"][key]
+    return table.get("backward", {}).get(key, "split")
 
 
 def launch_config(

@@ -35,6 +35,24 @@ def test_backward_schedule_follows_the_measured_table():
     assert backward_schedule(64, "float32", True, False, 4096, interpreting=False, hopper=True) == "split"
 
 
+def test_document_masks_take_their_own_measured_backward_where_there_is_one():
+    documents = _tuned_file()["backward_documents"]
+    assert documents and set(documents.values()) <= {"fused", "split"}
+    for key, choice in documents.items():
+        _, d, dtype, mask, drop, bucket = key.split("/")
+        args = (int(d[1:]), dtype, mask == "causal", drop == "drop", int(bucket[1:]))
+        assert backward_schedule(*args, documents=True, interpreting=False, hopper=True) == choice, key
+        assert backward_schedule(*args, documents=True, interpreting=False, hopper=False) == "split"
+    # Shapes measured without documents only keep that choice.
+    plain = _tuned_file()["backward"]
+    untouched = [key for key in plain if key not in documents]
+    assert untouched
+    for key in untouched:
+        _, d, dtype, mask, drop, bucket = key.split("/")
+        args = (int(d[1:]), dtype, mask == "causal", drop == "drop", int(bucket[1:]))
+        assert backward_schedule(*args, documents=True, interpreting=False, hopper=True) == plain[key], key
+
+
 def test_seq_len_buckets():
     assert [seq_len_bucket(t) for t in (1, 1024, 1025, 4096, 16384, 100_000)] == [1024, 1024, 2048, 4096, 16384, 16384]
 
