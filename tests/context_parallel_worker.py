@@ -76,6 +76,9 @@ def main(out: str) -> None:
     results = {case: run_case(case, shard) for case in CASES}
     if shard.rank == 0:
         torch.save(results, out)
+    # Both ranks leave together: a rank tearing gloo down while its peer is still in the group has aborted with
+    # "terminate called without an active exception" (rarely, under load).
+    dist.barrier()
     dist.destroy_process_group()
 
 

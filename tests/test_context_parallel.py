@@ -41,7 +41,7 @@ def cp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     proc = subprocess.run(
         [*command, "tests/context_parallel_worker.py", str(out)], cwd=REPO, env=env, capture_output=True, text=True
     )
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-8000:]}"
     return torch.load(out)
 
 
