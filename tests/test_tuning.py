@@ -19,18 +19,23 @@ from flashgpt.kernels.tuning import (
 )
 
 
+def _schedule_args(key: str) -> tuple:
+    """backward_schedule's positional arguments for a table key, backward/d64/bfloat16/causal/nodrop/T4096."""
+    _, d, dtype, mask, drop, bucket = key.split("/")
+    return int(d[1:]), dtype, mask == "causal", drop == "drop", int(bucket[1:])
+
+
 def test_backward_schedule_follows_the_measured_table():
     """On Hopper the tuner's choice for every tuned shape, split where it measured nothing (other GPUs, untuned
     shapes); fused in the interpreter. fp16 shares bf16's measurements."""
     choices = _tuned_file()["backward"]
     assert choices and set(choices.values()) <= {"fused", "split"}
     for key, choice in choices.items():
-        _, d, dtype, mask, drop, bucket = key.split("/")
-        args = (int(d[1:]), dtype, mask == "causal", drop == "drop", int(bucket[1:]))
+        args = _schedule_args(key)
         assert backward_schedule(*args, interpreting=False, hopper=True) == choice, key
         assert backward_schedule(*args, interpreting=False, hopper=False) == "split"
         assert backward_schedule(*args, interpreting=True, hopper=False) == "fused"
-        if dtype == "bfloat16":
+        if args[1] == "bfloat16":
             assert backward_schedule(args[0], "float16", *args[2:], interpreting=False, hopper=True) == choice
     assert backward_schedule(64, "float32", True, False, 4096, interpreting=False, hopper=True) == "split"
 
@@ -39,8 +44,7 @@ def test_document_masks_take_their_own_measured_backward_where_there_is_one():
     documents = _tuned_file()["backward_documents"]
     assert documents and set(documents.values()) <= {"fused", "split"}
     for key, choice in documents.items():
-        _, d, dtype, mask, drop, bucket = key.split("/")
-        args = (int(d[1:]), dtype, mask == "causal", drop == "drop", int(bucket[1:]))
+        args = _schedule_args(key)
         assert backward_schedule(*args, documents=True, interpreting=False, hopper=True) == choice, key
         assert backward_schedule(*args, documents=True, interpreting=False, hopper=False) == "split"
     # Shapes measured without documents only keep that choice.
@@ -48,9 +52,8 @@ def test_document_masks_take_their_own_measured_backward_where_there_is_one():
     untouched = [key for key in plain if key not in documents]
     assert untouched
     for key in untouched:
-        _, d, dtype, mask, drop, bucket = key.split("/")
-        args = (int(d[1:]), dtype, mask == "causal", drop == "drop", int(bucket[1:]))
-        assert backward_schedule(*args, documents=True, interpreting=False, hopper=True) == plain[key], key
+        choice = backward_schedule(*_schedule_args(key), documents=True, interpreting=False, hopper=True)
+        assert choice == plain[key], key
 
 
 def test_seq_len_buckets():
