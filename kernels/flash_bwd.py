@@ -25,7 +25,9 @@ key (LSE = −inf, O = 0, δ = 0) is masked in every tile it meets, so its gradi
 
 Arguments are grouped below the kernels as in the forward (`rows`, `masking`, `rng`, `MASKS`), plus `scales` =
 (scale·log2 e, dropout keep-scale), the rows' LSE and δ (`row_stats`), and in the dK/dV pass the program's key
-columns `cols` = (indices, first key, document ids).
+columns `cols` = (indices, first key, document ids). The backward's MASKS adds RAGGED to the forward's: the loop's
+tiles run past the sequence (Tq is not a multiple of BLOCK_M in the dK/dV pass, Tk of BLOCK_N in the dQ pass), so
+their loads are bounds-checked.
 """
 
 import triton
@@ -38,6 +40,7 @@ from .tile_ranges import (
     intersect_ranges,
     key_range,
     load_ranges,
+    outside_fast,
     query_range,
     tile_runs,
     visible,
@@ -129,12 +132,12 @@ def _dkdv_tile(
     dq_head,
     row_stats,
     start_m,
+    masked_tile,
     masking,
     rng,
     scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
     MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -144,25 +147,26 @@ def _dkdv_tile(
 ):
     """Accumulate state = (dK, dV) of one key tile over the query tile at start_m, in the transposed (key-major)
     layout. q_src, do_src: tensor descriptors of this head's Q and dO (TMA), or pointers to the tile's Qᵀ and dO.
+    masked_tile: whether the tile pays for the elementwise mask (a constant, or decided per tile at run time).
     cols, row_stats, masking, rng, scales and MASKS: as built by `flash_bwd_dkdv_kernel`."""
     dk, dv = state
     offs_n, start_n, k_doc = cols
     lse_row, delta_row = row_stats
     seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row = masking
     qk_scale, dropout_scale = scales
-    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, _ = MASKS  # EXTRA_MASKS acts on the loops, not on a tile
+    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, _, RAGGED = MASKS
     offs_m = start_m + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < seq_len_q
     if TMA:  # rows past Tq arrive as zeros
         qT = tl.trans(q_src.load([start_m, 0]))
         do = do_src.load([start_m, 0])
-    elif MASKED:
-        qT = tl.load(q_src, mask=(offs_m < seq_len_q)[None, :], other=0.0)
-        do = tl.load(do_src, mask=(offs_m < seq_len_q)[:, None], other=0.0)
+    elif RAGGED:
+        qT = tl.load(q_src, mask=row_ok[None, :], other=0.0)
+        do = tl.load(do_src, mask=row_ok[:, None], other=0.0)
     else:
         qT = tl.load(q_src)
         do = tl.load(do_src)
-    if MASKED:
-        row_ok = offs_m < seq_len_q
+    if RAGGED:
         lse2 = tl.load(lse_row + offs_m, mask=row_ok, other=0.0) * LOG2E
         delta = tl.load(delta_row + offs_m, mask=row_ok, other=0.0)
     else:
@@ -179,11 +183,12 @@ def _dkdv_tile(
         # the elements it holds (see dropout.py), with no exchange through shared memory.
         keepT = dropout_keep_mask_t(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     pT = tl.exp2(sT * qk_scale - lse2[None, :])
-    if MASKED:
-        q_pos = offs_m + (seq_len_k - seq_len_q)
-        q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[None, :] if DOCS else 0
-        # Keys past Tk (a ragged last key tile) are out of bounds too: their P must be exactly 0, or a row that
-        # sees no key (LSE = −inf, P = inf) turns the fused pass's dS·K into inf · 0 = NaN.
+    q_pos = offs_m + (seq_len_k - seq_len_q)
+    # Loaded outside the branch so that the pipeline prefetches it (see the forward); dropped where unused.
+    q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[None, :] if DOCS else 0
+    if masked_tile:
+        # Keys past Tk (a ragged last key tile) are out of bounds too: their P must be exactly 0, or a row
+        # that sees no key (LSE = −inf, P = inf) turns the fused pass's dS·K into inf · 0 = NaN.
         in_range = row_ok[None, :] & (offs_n < seq_len_k)[:, None]
         seen = visible(q_pos[None, :], offs_n[:, None], in_range, window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS)
         if GATHER:  # the tile straddles blocks of the block mask
@@ -201,7 +206,7 @@ def _dkdv_tile(
         dsT = (pT * (dpT - delta[None, :])).to(qT.dtype)
     if DQ_REDUCE != "none":
         # Before the dK product, so that the reduction's memory traffic overlaps it (measured: 3-6% faster).
-        _add_dq(dq_head, dsT, k, offs_m, seq_len_q, start_m, rng[3], BLOCK_M, MASKED, DQ_REDUCE, INPUT_PRECISION)
+        _add_dq(dq_head, dsT, k, offs_m, seq_len_q, start_m, rng[3], BLOCK_M, RAGGED, DQ_REDUCE, INPUT_PRECISION)
     dk += tl.dot(dsT, tl.trans(qT), input_precision=INPUT_PRECISION)
     return dk, dv
 
@@ -216,7 +221,7 @@ def _add_dq(
     start_m,
     bh,
     BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr,
+    RAGGED: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
@@ -229,7 +234,7 @@ def _add_dq(
         dq_head.atomic_add([bh, start_m, 0], tl.reshape(dq, (1, BLOCK_M, head_dim)))
     else:
         dq_ptrs = dq_head + offs_m[:, None] * head_dim + tl.arange(0, head_dim)[None, :]
-        if MASKED:
+        if RAGGED:  # rows past Tq
             tl.atomic_add(dq_ptrs, dq, mask=(offs_m < seq_len_q)[:, None], sem="relaxed")
         else:
             tl.atomic_add(dq_ptrs, dq, sem="relaxed")
@@ -249,6 +254,7 @@ def _dkdv_tiles(
     kept,
     lo,
     hi,
+    fast,
     masking,
     rng,
     scales,
@@ -265,6 +271,10 @@ def _dkdv_tiles(
     TMA: tl.constexpr,
 ):
     """Query tiles starting at lo, lo + BLOCK_M, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
+    MASKED: which tiles pay for the elementwise mask: none (False: the loop holds no mask code), all (True), or
+    "outside_fast", those at positions outside fast = [fast_lo, fast_hi). The last lets one loop walk masked and
+    mask-free tiles: every loop costs a program a pipeline fill and drain, which short loops (windows, documents)
+    cannot amortise.
     q_head, do_head: this head's Q and dO, as tensor descriptors (TMA) or pointers with qdo_strides =
     (stride_qt, stride_qd, stride_dot, stride_dod)."""
     stride_qt, stride_qd, stride_dot, stride_dod = qdo_strides
@@ -279,15 +289,16 @@ def _dkdv_tiles(
                 q_tile = q_head + offs_m[None, :] * stride_qt + offs_d[:, None] * stride_qd  # (D, BLOCK_M)
                 do_tile = do_head + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod  # (BLOCK_M, D)
             state = _dkdv_tile(
-                state, k, v, cols, q_tile, do_tile, dq_head, row_stats, start_m, masking, rng, scales, BLOCK_M,
-                BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+                state, k, v, cols, q_tile, do_tile, dq_head, row_stats, start_m, outside_fast(i, fast, MASKED), masking,
+                rng, scales, BLOCK_M, BLOCK_N, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
     elif TMA:
         for start_m in range(lo, hi, BLOCK_M):
             start_m = tl.multiple_of(start_m, BLOCK_M)
             state = _dkdv_tile(
-                state, k, v, cols, q_head, do_head, dq_head, row_stats, start_m, masking, rng, scales, BLOCK_M,
-                BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+                state, k, v, cols, q_head, do_head, dq_head, row_stats, start_m, outside_fast(start_m, fast, MASKED),
+                masking, rng, scales, BLOCK_M, BLOCK_N, MASKS,
+                DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
     else:
         offs_m = lo + tl.arange(0, BLOCK_M)
@@ -296,8 +307,9 @@ def _dkdv_tiles(
         for start_m in range(lo, hi, BLOCK_M):
             start_m = tl.multiple_of(start_m, BLOCK_M)
             state = _dkdv_tile(
-                state, k, v, cols, qT_ptrs, do_ptrs, dq_head, row_stats, start_m, masking, rng, scales, BLOCK_M,
-                BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+                state, k, v, cols, qT_ptrs, do_ptrs, dq_head, row_stats, start_m, outside_fast(start_m, fast, MASKED),
+                masking, rng, scales, BLOCK_M, BLOCK_N, MASKS,
+                DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
             qT_ptrs += BLOCK_M * stride_qt
             do_ptrs += BLOCK_M * stride_dot
@@ -326,6 +338,7 @@ def _dkdv_query_range(
     HEAD_DIM: tl.constexpr,
     SPARSE: tl.constexpr,
     MASKS: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -334,21 +347,32 @@ def _dkdv_query_range(
 ):
     """Query tiles of ranges = (lo, hi, full_lo, full_hi): a masked run (the causal diagonal band), the mask-free
     run inside [full_lo, full_hi), and a masked run (the end of a window, or the ragged last tile). Under a block
-    mask, only the listed tiles."""
+    mask, only the listed tiles. ONE_LOOP: the three runs are one loop (`launch.one_loop` says when)."""
     head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_M, SPARSE, MASKS[3])
-    state = _dkdv_tiles(
-        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, head_start, fast_start, masking,
-        rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
-    )  # fmt: skip
-    state = _dkdv_tiles(
-        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, fast_start, tail_start, masking,
-        rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE,
-        TMA,
-    )  # fmt: skip
-    state = _dkdv_tiles(
-        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, tail_start, tail_end, masking,
-        rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
-    )  # fmt: skip
+    if ONE_LOOP:
+        state = _dkdv_tiles(
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, head_start, tail_end,
+            (fast_start, tail_start), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, "outside_fast", SPARSE, MASKS,
+            DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        )  # fmt: skip
+    else:
+        # The masked loops bounds-check their rows whatever Tq, as the dense fused pass does (`_dkdv_dense`).
+        EDGE_MASKS: tl.constexpr = MASKS[:6] + (True,)  # noqa: RUF005 (Triton takes no starred tuple)
+        state = _dkdv_tiles(
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, head_start, fast_start,
+            (fast_start, fast_start), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, EDGE_MASKS,
+            DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        )  # fmt: skip
+        state = _dkdv_tiles(
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, fast_start, tail_start,
+            (fast_start, tail_start), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT,
+            UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        )  # fmt: skip
+        state = _dkdv_tiles(
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, tail_start, tail_end,
+            (tail_start, tail_start), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, EDGE_MASKS,
+            DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        )  # fmt: skip
     return state
 
 
@@ -370,38 +394,48 @@ def _dkdv_dense(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
+    RAGGED: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     DQ_REDUCE: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """No window, document or block mask and Tq == Tk: the causal diagonal band (masked), the mask-free bulk and
-    the ragged last tile (masked), with bounds written out directly. `_dkdv_query_range` visits the same tiles, but
-    its bounds, computed through selects, make ptxas serialize the loop's wgmma pipeline on Hopper (warning C7515:
-    3.4x the WARPGROUP sync instructions), which cost the dense backward 9-13%."""
+    """No window, document or block mask and Tq == Tk: the causal diagonal band (masked), the mask-free bulk and,
+    if Tq is not a multiple of BLOCK_M (RAGGED), the ragged last tile (masked), with bounds written out directly.
+    `_dkdv_query_range` visits the same tiles, but its bounds, computed through selects, make ptxas serialize the
+    loop's wgmma pipeline on Hopper (warning C7515: 3.4x the WARPGROUP sync instructions), which cost the dense
+    backward 9-13%. The bulk loop holds no mask code: merged into one masked loop with the band, it ran 2% slower
+    at 16K (H100)."""
     start_n = cols[1]
     full_rows = (seq_len // BLOCK_M) * BLOCK_M
     masking = (seq_len, seq_len, 0, 0, 0, 0)  # no window, documents or block mask: nothing else is read
-    MASKS: tl.constexpr = (CAUSAL, False, False, False, 1, False)
+    MASKS: tl.constexpr = (CAUSAL, False, False, False, 1, False, RAGGED)
+    # The fused pass bounds-checks the band's rows and keeps the (empty) ragged-tail loop even where Tq is a
+    # multiple of BLOCK_M: without them ptxas spilled registers there with dropout, and the pass ran 3-5% slower.
+    EDGE_MASKS: tl.constexpr = (CAUSAL, False, False, False, 1, False, RAGGED or DQ_REDUCE != "none")
     if CAUSAL:  # query rows above the band never see this key tile
         band_hi = tl.minimum(start_n + BLOCK_N, seq_len)
         state = _dkdv_tiles(
-            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, start_n, band_hi, masking, rng,
-            scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, start_n, band_hi,
+            (start_n, start_n), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, EDGE_MASKS, DROPOUT,
+            UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
         bulk_lo = start_n + BLOCK_N
     else:
         bulk_lo = 0
     bulk_hi = tl.maximum(bulk_lo, full_rows)
     state = _dkdv_tiles(
-        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, bulk_lo, bulk_hi, masking, rng,
-        scales, BLOCK_M, BLOCK_N, HEAD_DIM, False, False, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, bulk_lo, bulk_hi, (bulk_lo, bulk_hi),
+        masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, False, False, MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+        DQ_REDUCE, TMA,
     )  # fmt: skip
-    state = _dkdv_tiles(
-        state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, bulk_hi, seq_len, masking, rng,
-        scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
-    )  # fmt: skip
+    if RAGGED or DQ_REDUCE != "none":
+        state = _dkdv_tiles(
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, None, bulk_hi, seq_len,
+            (bulk_hi, bulk_hi), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, EDGE_MASKS, DROPOUT,
+            UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+        )  # fmt: skip
     return state
 
 
@@ -473,6 +507,8 @@ def flash_bwd_dkdv_kernel(
     GATHER: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     DENSE: tl.constexpr,
+    RAGGED: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -531,7 +567,7 @@ def flash_bwd_dkdv_kernel(
     if DENSE:
         dk, dv = _dkdv_dense(
             (dk, dv), k, v, (offs_n, start_n, 0), q_head, do_head, qdo_strides, dq_head, row_stats, seq_len_q, rng,
-            scales, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            scales, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, RAGGED, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
     else:
         # Only the query tiles that can see this key tile; query rows above the causal band are skipped.
@@ -556,11 +592,11 @@ def flash_bwd_dkdv_kernel(
             kept = KeptIndex
             block_row = 0
         masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
-        MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, False)
+        MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, False, RAGGED)
         dk, dv = _dkdv_query_range(
             (dk, dv), k, v, (offs_n, start_n, k_doc), q_head, do_head, qdo_strides, dq_head, row_stats, kept, n_kept,
-            (lo, hi, full_lo, full_hi), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, DROPOUT,
-            UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+            (lo, hi, full_lo, full_hi), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, ONE_LOOP,
+            DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
 
     dk_head = head_start(DK, b, h, stride_dkb, stride_dkh)
@@ -590,12 +626,12 @@ def _dq_tile(
     k_src,
     v_src,
     start_n,
+    masked_tile,
     masking,
     rng,
     scales,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
     MASKS: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -603,20 +639,20 @@ def _dq_tile(
     TMA: tl.constexpr,
 ):
     """Accumulate dQ of one query tile over the key tile at start_n. k_src, v_src: tensor descriptors of this
-    head's K and V (TMA), or pointers to the tile's Kᵀ and Vᵀ. rows, row_stats = (LSE·log2 e, δ) of the rows,
-    masking, rng, scales and MASKS: as built by `flash_bwd_dq_kernel`."""
+    head's K and V (TMA), or pointers to the tile's Kᵀ and Vᵀ. masked_tile: whether the tile pays for the length
+    mask and every mask (a constant, or decided per tile at run time; see `_dkdv_tiles`). rows, row_stats = (LSE·
+    log2 e, δ) of the rows, masking, rng, scales and MASKS: as built by `flash_bwd_dq_kernel`."""
     offs_m, q_pos, q_doc, start_m = rows
     lse2, delta = row_stats
     seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row = masking
     qk_scale, dropout_scale = scales
-    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, _ = MASKS  # EXTRA_MASKS acts on the loops, not on a tile
+    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, _, RAGGED = MASKS  # EXTRA_MASKS acts on the loops, not on a tile
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    if MASKED:
-        col_ok = offs_n < seq_len_k
+    col_ok = offs_n < seq_len_k
     if TMA:  # rows past Tk arrive as zeros
         kT = tl.trans(k_src.load([start_n, 0]))
         vT = tl.trans(v_src.load([start_n, 0]))
-    elif MASKED:
+    elif RAGGED:
         kT = tl.load(k_src, mask=col_ok[None, :], other=0.0)
         vT = tl.load(v_src, mask=col_ok[None, :], other=0.0)
     else:
@@ -630,8 +666,9 @@ def _dq_tile(
     if DROPOUT:  # drawn after the product is issued, so that ptxas overlaps the two (as in `_dkdv_tile`)
         keep = dropout_keep_mask(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     p = tl.exp2(s * qk_scale - lse2[:, None])
-    if MASKED:
-        k_doc = tl.load(doc_row + offs_n, mask=col_ok, other=0)[None, :] if DOCS else 0
+    # Loaded outside the branch so that the pipeline prefetches it (see the forward); dropped where unused.
+    k_doc = tl.load(doc_row + offs_n, mask=col_ok, other=0)[None, :] if DOCS else 0
+    if masked_tile:
         seen = visible(
             q_pos[:, None], offs_n[None, :], col_ok[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
         )
@@ -663,6 +700,7 @@ def _dq_tiles(
     kept,
     lo,
     hi,
+    fast,
     masking,
     rng,
     scales,
@@ -677,9 +715,9 @@ def _dq_tiles(
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
-    k_head, v_head: this head's K and V, as tensor descriptors (TMA) or pointers with kv_strides =
-    (stride_kt, stride_kd, stride_vt, stride_vd)."""
+    """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1]. MASKED
+    and fast: which tiles pay for the elementwise mask, as in `_dkdv_tiles`. k_head, v_head: this head's K and V, as
+    tensor descriptors (TMA) or pointers with kv_strides = (stride_kt, stride_kd, stride_vt, stride_vd)."""
     stride_kt, stride_kd, stride_vt, stride_vd = kv_strides
     offs_d = tl.arange(0, HEAD_DIM)
     if INDEXED:
@@ -692,15 +730,15 @@ def _dq_tiles(
                 k_tile = k_head + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
                 v_tile = v_head + offs_n[None, :] * stride_vt + offs_d[:, None] * stride_vd  # (D, BLOCK_N)
             dq = _dq_tile(
-                dq, q, do, rows, row_stats, k_tile, v_tile, start_n, masking, rng, scales, BLOCK_M, BLOCK_N, MASKED,
-                MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                dq, q, do, rows, row_stats, k_tile, v_tile, start_n, outside_fast(i, fast, MASKED), masking, rng,
+                scales, BLOCK_M, BLOCK_N, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     elif TMA:
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             dq = _dq_tile(
-                dq, q, do, rows, row_stats, k_head, v_head, start_n, masking, rng, scales, BLOCK_M, BLOCK_N, MASKED,
-                MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                dq, q, do, rows, row_stats, k_head, v_head, start_n, outside_fast(start_n, fast, MASKED), masking, rng,
+                scales, BLOCK_M, BLOCK_N, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     else:
         offs_n = lo + tl.arange(0, BLOCK_N)
@@ -709,8 +747,8 @@ def _dq_tiles(
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             dq = _dq_tile(
-                dq, q, do, rows, row_stats, kT_ptrs, vT_ptrs, start_n, masking, rng, scales, BLOCK_M, BLOCK_N, MASKED,
-                MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                dq, q, do, rows, row_stats, kT_ptrs, vT_ptrs, start_n, outside_fast(start_n, fast, MASKED), masking,
+                rng, scales, BLOCK_M, BLOCK_N, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
             kT_ptrs += BLOCK_N * stride_kt
             vT_ptrs += BLOCK_N * stride_vt
@@ -738,28 +776,36 @@ def _dq_key_range(
     HEAD_DIM: tl.constexpr,
     SPARSE: tl.constexpr,
     MASKS: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
     """Key tiles of ranges = (lo, hi, full_lo, full_hi), split as in the forward: masked run, mask-free run, masked
-    run (causal band or ragged tail)."""
+    run (causal band or ragged tail). ONE_LOOP: the three runs are one loop (`launch.one_loop` says when)."""
     EXTRA_MASKS: tl.constexpr = MASKS[5]
     head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_N, SPARSE, MASKS[3])
-    if EXTRA_MASKS:  # causal masking alone has no leading masked run (see the forward)
+    if ONE_LOOP:
         dq = _dq_tiles(
-            dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, head_start, fast_start, masking, rng,
+            dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, head_start, tail_end,
+            (fast_start, tail_start), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, "outside_fast", SPARSE, MASKS,
+            DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        )  # fmt: skip
+    else:
+        if EXTRA_MASKS:  # causal masking alone has no leading masked run (see the forward)
+            dq = _dq_tiles(
+                dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, head_start, fast_start, (0, 0), masking,
+                rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+            )  # fmt: skip
+        dq = _dq_tiles(
+            dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, fast_start, tail_start, (0, 0), masking,
+            rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        )  # fmt: skip
+        dq = _dq_tiles(
+            dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, tail_start, tail_end, (0, 0), masking, rng,
             scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
         )  # fmt: skip
-    dq = _dq_tiles(
-        dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, fast_start, tail_start, masking, rng, scales,
-        BLOCK_M, BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
-    )  # fmt: skip
-    dq = _dq_tiles(
-        dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, tail_start, tail_end, masking, rng, scales,
-        BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
-    )  # fmt: skip
     return dq
 
 
@@ -831,6 +877,8 @@ def flash_bwd_dq_kernel(
     GATHER: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     EXTRA_MASKS: tl.constexpr,
+    RAGGED: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
     FUSED_DELTA: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -901,11 +949,11 @@ def flash_bwd_dq_kernel(
     rows = (offs_m, q_pos, q_doc, start_m)
     masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
-    MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS)
+    MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, RAGGED)
     dq = _dq_key_range(
         dq, q, do, rows, (lse2, delta), k_head, v_head, (stride_kt, stride_kd, stride_vt, stride_vd), kept, n_kept,
         (lo, hi, full_lo, full_hi), masking, rng, (qk_scale, dropout_scale), BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE,
-        MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        MASKS, ONE_LOOP, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
     dq_head = head_start(DQ, b, h, stride_dqb, stride_dqh)

@@ -32,9 +32,24 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
-from .tile_ranges import block_visible, intersect_ranges, key_range, load_ranges, tile_runs, visible
+from .tile_ranges import block_visible, intersect_ranges, key_range, load_ranges, outside_fast, tile_runs, visible
 
 LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _seen(rows, offs_n, k_doc, in_bounds, masking, MASKS: tl.constexpr):
+    """Which (query row, key) pairs of the tile the masks keep (k_doc: the keys' document ids, (1, BLOCK_N))."""
+    offs_m, q_pos, q_doc, _ = rows
+    seq_len_q, _, window_size, _, block_row, stride_block_row = masking
+    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, _, _ = MASKS
+    seen = visible(q_pos[:, None], offs_n[None, :], in_bounds[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS)
+    if GATHER:  # the tile straddles blocks of the block mask
+        in_range = (offs_m < seq_len_q)[:, None] & in_bounds[None, :]
+        seen = seen & block_visible(
+            block_row, offs_m[:, None], offs_n[None, :], in_range, stride_block_row, SPARSE_BLOCK
+        )
+    return seen
 
 
 @triton.jit
@@ -45,6 +60,7 @@ def _forward_tile(
     k_src,
     v_src,
     start_n,
+    masked_tile,
     masking,
     rng,
     qk_scale,
@@ -57,20 +73,20 @@ def _forward_tile(
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
 ):
-    """Online-softmax update of state = (acc, l, m) with the key tile at start_n. MASKED tiles apply the length
-    mask and every mask. k_src, v_src: tensor descriptors of this head's K and V (TMA), or pointers to the tile's Kᵀ
-    and V. rows, masking, rng and MASKS: as built by `flash_fwd_kernel`."""
+    """Online-softmax update of state = (acc, l, m) with the key tile at start_n. MASKED and masked_tile: whether the
+    tile applies the masks (MASKED "outside_fast": decided at run time by masked_tile; see `_forward_tiles`).
+    k_src, v_src: tensor descriptors of this head's K and V (TMA), or pointers to the tile's Kᵀ and V. rows,
+    masking, rng and MASKS: as built by `flash_fwd_kernel`."""
     acc, l_i, m_i = state
-    offs_m, q_pos, q_doc, start_m = rows
-    seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row = masking
-    CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS = MASKS
+    start_m = rows[3]
+    seq_len_k = masking[1]
+    EXTRA_MASKS, RAGGED = MASKS[5], MASKS[6]
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    if MASKED:
-        in_bounds = offs_n < seq_len_k
+    in_bounds = offs_n < seq_len_k
     if TMA:  # rows past Tk arrive as zeros
         kT = tl.trans(k_src.load([start_n, 0]))
         v = v_src.load([start_n, 0])
-    elif MASKED:
+    elif RAGGED:
         kT = tl.load(k_src, mask=in_bounds[None, :], other=0.0)
         v = tl.load(v_src, mask=in_bounds[:, None], other=0.0)
     else:
@@ -88,17 +104,21 @@ def _forward_tile(
     qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
     if DROPOUT and TMA:
         keep = dropout_keep_mask(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
-    if MASKED:
-        k_doc = tl.load(doc_row + offs_n, mask=in_bounds, other=0)[None, :] if DOCS else 0
-        seen = visible(
-            q_pos[:, None], offs_n[None, :], in_bounds[None, :], window_size, q_doc, k_doc, CAUSAL, WINDOW, DOCS
-        )
-        if GATHER:  # the tile straddles blocks of the block mask
-            in_range = (offs_m < seq_len_q)[:, None] & in_bounds[None, :]
-            seen = seen & block_visible(
-                block_row, offs_m[:, None], offs_n[None, :], in_range, stride_block_row, SPARSE_BLOCK
-            )
-        s = tl.where(seen, qk * qk_scale, float("-inf"))
+    # The keys' document ids, loaded where the pipeline can prefetch them: inside the run-time branch below, every
+    # masked tile waited for the load (one loop over documents' tiles ran 0.79-0.92x of three loops). Unused, as in
+    # mask-free loops, the load is dropped.
+    k_doc = tl.load(masking[3] + offs_n, mask=in_bounds, other=0)[None, :] if MASKS[2] else 0
+    if MASKED == "outside_fast":
+        # One loop walks masked and mask-free tiles: only the scores pass through the run-time branch, so every tile
+        # scales them with a multiple of its own and guards the row max (cheaper than a second pipeline fill).
+        s = qk * qk_scale
+        if masked_tile:
+            s = tl.where(_seen(rows, offs_n, k_doc, in_bounds, masking, MASKS), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_sub[:, None])
+    elif MASKED:
+        s = tl.where(_seen(rows, offs_n, k_doc, in_bounds, masking, MASKS), qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # Under plain causal masking every row has seen a visible column by now; with other masks a row may not.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new) if EXTRA_MASKS else m_new
@@ -129,6 +149,7 @@ def _forward_tiles(
     kept,
     lo,
     hi,
+    fast,
     masking,
     rng,
     qk_scale,
@@ -144,8 +165,10 @@ def _forward_tiles(
     TMA: tl.constexpr,
 ):
     """Key tiles starting at lo, lo + BLOCK_N, ... below hi; INDEXED: the tiles kept[lo], ..., kept[hi − 1].
-    k_src, v_src: this head's K and V, as tensor descriptors (TMA) or pointers with kv_strides =
-    (stride_kt, stride_kd, stride_vt, stride_vd)."""
+    MASKED: which tiles apply the elementwise mask: none (False: the loop holds no mask code), all (True), or
+    "outside_fast", those at positions outside fast = (fast_lo, fast_hi), so that one loop walks masked and
+    mask-free tiles (a loop costs each program a pipeline fill and drain). k_src, v_src: this head's K and V, as
+    tensor descriptors (TMA) or pointers with kv_strides = (stride_kt, stride_kd, stride_vt, stride_vd)."""
     stride_kt, stride_kd, stride_vt, stride_vd = kv_strides
     offs_d = tl.arange(0, HEAD_DIM)
     if INDEXED:
@@ -158,15 +181,15 @@ def _forward_tiles(
                 kT_tile = k_src + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
                 v_tile = v_src + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
             state = _forward_tile(
-                state, q, rows, kT_tile, v_tile, start_n, masking, rng, qk_scale, BLOCK_M, BLOCK_N, MASKED, MASKS,
-                DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                state, q, rows, kT_tile, v_tile, start_n, outside_fast(i, fast, MASKED), masking, rng, qk_scale,
+                BLOCK_M, BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     elif TMA:
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             state = _forward_tile(
-                state, q, rows, k_src, v_src, start_n, masking, rng, qk_scale, BLOCK_M, BLOCK_N, MASKED, MASKS,
-                DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                state, q, rows, k_src, v_src, start_n, outside_fast(start_n, fast, MASKED), masking, rng, qk_scale,
+                BLOCK_M, BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
     else:
         offs_n = lo + tl.arange(0, BLOCK_N)
@@ -175,8 +198,8 @@ def _forward_tiles(
         for start_n in range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             state = _forward_tile(
-                state, q, rows, kT_ptrs, v_ptrs, start_n, masking, rng, qk_scale, BLOCK_M, BLOCK_N, MASKED, MASKS,
-                DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+                state, q, rows, kT_ptrs, v_ptrs, start_n, outside_fast(start_n, fast, MASKED), masking, rng, qk_scale,
+                BLOCK_M, BLOCK_N, MASKED, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
             kT_ptrs += BLOCK_N * stride_kt
             v_ptrs += BLOCK_N * stride_vt
@@ -202,6 +225,7 @@ def _forward_key_range(
     HEAD_DIM: tl.constexpr,
     SPARSE: tl.constexpr,
     MASKS: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -210,22 +234,29 @@ def _forward_key_range(
     """Key tiles of ranges = (lo, hi, full_lo, full_hi): a masked run, the mask-free run inside [full_lo, full_hi),
     and a masked run. With plain causal masking the first run is empty (and not compiled) and the last is the
     diagonal band; without masks the last is the ragged tile when Tk is not a multiple of BLOCK_N. Under a block
-    mask, only the listed tiles of each run."""
+    mask, only the listed tiles of each run. ONE_LOOP: the three runs are one loop (`launch.one_loop` says when)."""
     EXTRA_MASKS: tl.constexpr = MASKS[5]
     head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_N, SPARSE, MASKS[3])
-    if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
+    if ONE_LOOP:
         state = _forward_tiles(
-            state, q, rows, k_src, v_src, kv_strides, kept, head_start, fast_start, masking, rng, qk_scale, BLOCK_M,
-            BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+            state, q, rows, k_src, v_src, kv_strides, kept, head_start, tail_end, (fast_start, tail_start), masking,
+            rng, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, "outside_fast", SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
+            TMA,
         )  # fmt: skip
-    state = _forward_tiles(
-        state, q, rows, k_src, v_src, kv_strides, kept, fast_start, tail_start, masking, rng, qk_scale, BLOCK_M,
-        BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
-    )  # fmt: skip
-    state = _forward_tiles(
-        state, q, rows, k_src, v_src, kv_strides, kept, tail_start, tail_end, masking, rng, qk_scale, BLOCK_M,
-        BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
-    )  # fmt: skip
+    else:
+        if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
+            state = _forward_tiles(
+                state, q, rows, k_src, v_src, kv_strides, kept, head_start, fast_start, (0, 0), masking, rng,
+                qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+            )  # fmt: skip
+        state = _forward_tiles(
+            state, q, rows, k_src, v_src, kv_strides, kept, fast_start, tail_start, (0, 0), masking, rng, qk_scale,
+            BLOCK_M, BLOCK_N, HEAD_DIM, False, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        )  # fmt: skip
+        state = _forward_tiles(
+            state, q, rows, k_src, v_src, kv_strides, kept, tail_start, tail_end, (0, 0), masking, rng, qk_scale,
+            BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        )  # fmt: skip
     return state
 
 
@@ -284,6 +315,8 @@ def flash_fwd_kernel(
     GATHER: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     EXTRA_MASKS: tl.constexpr,
+    RAGGED: tl.constexpr,
+    ONE_LOOP: tl.constexpr,
     DROPOUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
@@ -347,11 +380,11 @@ def flash_fwd_kernel(
     rows = (offs_m, q_pos, q_doc, start_m)
     masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
-    MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS)
+    MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, RAGGED)
     acc, l_i, m_i = _forward_key_range(
         (acc, l_i, m_i), q, rows, k_src, v_src, (stride_kt, stride_kd, stride_vt, stride_vd), kept, n_kept,
-        (lo, hi, full_lo, full_hi), masking, rng, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, DROPOUT,
-        UPCAST, INPUT_PRECISION, TMA,
+        (lo, hi, full_lo, full_hi), masking, rng, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, ONE_LOOP,
+        DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
     if EXTRA_MASKS:  # a row that saw no key has l = 0 and acc = 0: o = 0 and LSE = −inf + log2(1) = −inf

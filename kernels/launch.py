@@ -203,6 +203,27 @@ def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: F
     )
 
 
+def one_loop(kernel_pass: str, masks: FlashMask, dropout: bool, seq_len_k: int) -> bool:
+    """Whether a masked pass walks its three runs of tiles (masked, mask-free, masked) in one loop, each tile
+    deciding at run time whether it pays for the elementwise mask. A loop costs every program a pipeline fill and
+    drain, which short loops cannot amortise; one loop makes the mask-free tiles test and branch, which long loops
+    feel. Measured on an H100 against three loops, same process (results/tuning/h100-2026-11-26-one-loop/):
+    - dK/dV pass: 1.06-1.25x with windows, documents and block masks from 4K to 64K; with a block mask and dropout
+      0.91-0.95x, and in the fused pass ptxas serialises the wgmma pipeline (C7515): three loops there;
+    - forward and dQ pass: 1.04-1.18x with block masks up to 16K and with documents at 4K; 0.86-0.98x with documents
+      from 16K up and with block masks at 64K; no gain with windows (0.95-1.02x); and with dropout ptxas serialises
+      the dQ pass's pipeline (C7515)."""
+    if not masks.any:
+        return False
+    if kernel_pass == "bwd_dkdv":
+        return not (dropout and masks.block_mask is not None)
+    if kernel_pass not in ("fwd", "bwd_dq") or dropout:
+        return False
+    if masks.block_mask is not None:
+        return seq_len_k <= 16384
+    return masks.document_ids is not None and seq_len_k <= 8192
+
+
 def _mask_args(masks: FlashMask, cfg: LaunchConfig, kernel_pass: str) -> tuple:
     """(window_size, DocIds, stride, DocRanges, stride, KeptCount, stride_h, KeptIndex, stride_h, stride_r,
     BlockMask, stride_h, stride_row) for one pass; None for the masks not given. The schedules are the mask's,
@@ -267,7 +288,8 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
         flash_fwd_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads, seq_len_q, seq_len_k, qk_scale, *rng,
-        *_mask_args(masks, cfg, "fwd"), EXTRA_MASKS=masks.any, TMA=tma, **_flags(q, params, cfg, masks),
+        *_mask_args(masks, cfg, "fwd"), EXTRA_MASKS=masks.any, RAGGED=seq_len_k % cfg.block_n != 0,
+        ONE_LOOP=one_loop("fwd", masks, params.dropout, seq_len_k), TMA=tma, **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
 
@@ -321,7 +343,9 @@ def launch_dkdv(
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars,
         *_mask_args(masks, cfg, "bwd_fused" if dq_reduce != "none" else "bwd_dkdv"),
-        DENSE=not masks.any and seq_len_q == seq_len_k, DQ_REDUCE=dq_reduce, TMA=tma,
+        DENSE=not masks.any and seq_len_q == seq_len_k, RAGGED=seq_len_q % cfg.block_m != 0,
+        ONE_LOOP=one_loop("bwd_dkdv" if dq_reduce == "none" else "bwd_fused", masks, params.dropout, seq_len_k),
+        DQ_REDUCE=dq_reduce, TMA=tma,
         **_flags(q, params, cfg, masks),
     )  # fmt: skip
 
@@ -354,6 +378,7 @@ def launch_dq(
         flash_bwd_dq_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *o_strides,
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars,
-        *_mask_args(masks, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, FUSED_DELTA=o is not None, TMA=tma,
+        *_mask_args(masks, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, RAGGED=seq_len_k % cfg.block_n != 0,
+        ONE_LOOP=one_loop("bwd_dq", masks, params.dropout, seq_len_k), FUSED_DELTA=o is not None, TMA=tma,
         **_flags(q, params, cfg, masks),
     )  # fmt: skip

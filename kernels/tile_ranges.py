@@ -138,6 +138,17 @@ def tile_runs(ranges, kept, n_kept, TILE: tl.constexpr, SPARSE: tl.constexpr, GA
 
 
 @triton.jit
+def outside_fast(position, fast, MASKED: tl.constexpr):
+    """Whether the tile at this loop position applies the elementwise mask. MASKED: False (no tile does), True (every
+    tile does) or "outside_fast" (the tiles at positions outside fast = (fast_lo, fast_hi), the mask-free run, which
+    lets one loop walk all three runs)."""
+    if MASKED == "outside_fast":
+        return (position < fast[0]) | (position >= fast[1])
+    else:
+        return MASKED
+
+
+@triton.jit
 def visible(
     q_pos,
     k_idx,

@@ -114,9 +114,10 @@ def compile_passes(
     return compiled
 
 
-def inspect(cubin: bytes, ptx: str) -> tuple[dict[str, int], str]:
-    """(registers, local memory, opcode-family counts and ptxas warnings, the SASS text) of one compiled kernel.
-    The warnings come from assembling its PTX again: e.g. C7515, a wgmma pipeline serialised."""
+def inspect(cubin: bytes, ptx: str) -> tuple[dict, str]:
+    """(registers, stack frame (spills) and local memory in bytes, opcode-family counts, ptxas warnings and their
+    text, the SASS text) of one compiled kernel. The warnings come from assembling its PTX again: e.g. C7515, a
+    wgmma pipeline serialised."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
@@ -129,12 +130,14 @@ def inspect(cubin: bytes, ptx: str) -> tuple[dict[str, int], str]:
                                text=True, check=True).stdout  # fmt: skip
         sass = subprocess.run([_triton_bin("nvdisasm"), "-c", str(path)], capture_output=True, text=True,
                               check=True).stdout  # fmt: skip
-    info = {key.lower(): int(value) for key, value in re.findall(r"(REG|LOCAL):(\d+)", usage)}
+    # Spilled registers live in the stack frame (STACK), not in LOCAL, which counts local arrays.
+    info = {key.lower(): int(value) for key, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
     opcodes = collections.Counter(m.group(1) for m in re.finditer(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)",
                                                                   sass, flags=re.M))  # fmt: skip
     info.update({family: opcodes.get(family, 0) for family in FAMILIES})
     info["total"] = sum(opcodes.values())
     info["warn"] = len(warnings)
+    info["warnings"] = warnings
     return info, sass
 
 
@@ -155,7 +158,7 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--passes", default=",".join(PASSES[:3]), help=f"comma-separated, of {', '.join(PASSES)}")
     parser.add_argument("--mask", choices=MASKS, default="none", help="the mask the kernels are specialised for")
-    parser.add_argument("--dump", type=Path, default=None, help="write <pass>.sass here")
+    parser.add_argument("--dump", type=Path, default=None, help="write <pass>.sass (and ptxas's warnings) here")
     parser.add_argument(
         "--config",
         type=LaunchConfig.parse,
@@ -169,7 +172,7 @@ def main() -> None:
         parser.error(f"unknown passes {sorted(unknown)}; choose from {', '.join(PASSES)}")
 
     compiled = compile_passes(passes, args.head_dim, args.seq_len, args.dropout, args.mask, args.config)
-    columns = ("reg", "local", "shared", *FAMILIES, "total", "warn")
+    columns = ("reg", "stack", "local", "shared", *FAMILIES, "total", "warn")
     print(f"sm_90a, D={args.head_dim}, T={args.seq_len}, dropout={args.dropout}, mask {args.mask}, causal, bf16")
     print(f"{'pass':10s}" + "".join(f"{c:>8s}" for c in columns))
     differ = []
@@ -180,6 +183,8 @@ def main() -> None:
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / f"{name}.sass").write_text(sass)
+            if info["warnings"]:
+                (args.dump / f"{name}.warnings.txt").write_text("\n".join(info["warnings"]) + "\n")
         if args.same_as and instructions(sass) != instructions((args.same_as / f"{name}.sass").read_text()):
             differ.append(name)
     if args.same_as:

@@ -1,5 +1,5 @@
 """The kernels as ptxas builds them for Hopper (sm_90a), checked on a machine without a GPU (`scripts/kernel_sass.py`:
-Triton compiles for the H100 target and its bundled ptxas assembles): no register spills to local memory, and no
+Triton compiles for the H100 target and its bundled ptxas assembles): no register spills (a stack frame), and no
 ptxas warning, whose usual one, C7515, says a wgmma pipeline was serialised (loop bounds computed through selects once
 did that to the dense backward and cost it 9-13%). Cases: the passes the launch table runs for these shapes (the
 fused backward where the table picks it, at D = 64), with and without dropout and masks."""
@@ -20,8 +20,14 @@ CASES = {  # kernel_sass.py's arguments
 }
 
 
+# Known spills (bytes of stack the pass may take; more is a regression). Both passes sit at 255 registers: the fused
+# backward with documents and dropout spills in its masked loops, and the D = 128 dK/dV pass under a block mask took
+# 96 bytes before its masked runs became one loop (results/tuning/h100-2026-11-26-one-loop/).
+KNOWN_SPILLS = {("D64 4K dropout documents", "bwd_fused"): 72, ("D128 16K blocks", "bwd_dkdv"): 16}
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_hopper_kernels_neither_spill_nor_serialise_their_matrix_pipelines(case):
+def test_the_hopper_kernels_never_serialise_their_matrix_pipelines_nor_spill_beyond_the_known_cases(case):
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # real compilation
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     command = [sys.executable, "scripts/kernel_sass.py", *CASES[case].split()]
@@ -31,6 +37,7 @@ def test_the_hopper_kernels_neither_spill_nor_serialise_their_matrix_pipelines(c
     table = {row[0]: dict(zip(header[1:], map(int, row[1:]), strict=True)) for row in rows}
     assert set(table) == set(CASES[case].split()[-1].split(","))
     for kernel_pass, counts in table.items():
-        assert counts["local"] == 0, f"{case}, {kernel_pass}: spills ({counts})"
+        allowed = KNOWN_SPILLS.get((case, kernel_pass), 0)
+        assert counts["stack"] <= allowed and counts["local"] == 0, f"{case}, {kernel_pass}: spills ({counts})"
         assert counts["warn"] == 0, f"{case}, {kernel_pass}: ptxas warned (run the command to see it): {command}"
         assert counts["HGMMA"] > 0, f"{case}, {kernel_pass}: no wgmma at all ({counts})"
