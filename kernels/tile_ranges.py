@@ -10,7 +10,8 @@ and walks tiles of columns. For each mask it computes, from scalars only, two co
 `split_tiles` turns the two ranges into three runs of tiles: masked, mask-free, masked. Only the masked runs pay
 for `visible` (a handful of integer compares per element); the mask-free run is the dense kernel's fast path.
 Under a block mask a program walks an ascending list of kept tiles instead; `lower_bound` finds where the three
-runs start in it, so the list splits the same way.
+runs start in it, so the list splits the same way. A pass walks the runs in three loops, or in one where its loops
+are short (`launch.one_loop`), each tile then testing whether it lies outside the mask-free run (`outside_fast`).
 """
 
 import triton
