@@ -25,9 +25,9 @@ key (LSE = −inf, O = 0, δ = 0) is masked in every tile it meets, so its gradi
 
 Arguments are grouped below the kernels as in the forward (`rows`, `masking`, `rng`, `MASKS`), plus `scales` =
 (scale·log2 e, dropout keep-scale), the rows' LSE and δ (`row_stats`), and in the dK/dV pass the program's key
-columns `cols` = (indices, first key, document ids). The backward's MASKS adds RAGGED to the forward's: the loop's
-tiles run past the sequence (Tq is not a multiple of BLOCK_M in the dK/dV pass, Tk of BLOCK_N in the dQ pass), so
-their loads are bounds-checked.
+columns `cols` = (indices, first key, document ids). RAGGED in MASKS says the loop's last tile runs past the
+sequence (Tq is not a multiple of BLOCK_M in the dK/dV pass, Tk of BLOCK_N in the dQ pass), so its loads are
+bounds-checked.
 """
 
 import triton

@@ -23,7 +23,8 @@ Arguments: the kernel takes flat launch arguments (tensors, strides, scalars, th
 tile reads travels below it in a few tuples built once per program: `rows` (query indices, absolute positions,
 document ids), `masking` (Tq, Tk, the window, this batch's document ids and this head's block-mask rows with their
 stride), `rng` (this head's dropout stream: seed, offset, head, threshold), and the masks given as one constexpr
-tuple `MASKS` = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS). The grouping changes no machine code
+tuple `MASKS` = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, RAGGED), where RAGGED says the last
+key tile runs past Tk, so key loads are bounds-checked. The grouping changes no machine code
 (`scripts/kernel_sass.py --same-as` compares the sm_90a code of every pass).
 """
 
@@ -79,8 +80,10 @@ def _forward_tile(
     masking, rng and MASKS: as built by `flash_fwd_kernel`."""
     acc, l_i, m_i = state
     start_m = rows[3]
-    seq_len_k = masking[1]
-    EXTRA_MASKS, RAGGED = MASKS[5], MASKS[6]
+    seq_len_k, doc_row = masking[1], masking[3]
+    DOCS: tl.constexpr = MASKS[2]
+    EXTRA_MASKS: tl.constexpr = MASKS[5]
+    RAGGED: tl.constexpr = MASKS[6]
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_bounds = offs_n < seq_len_k
     if TMA:  # rows past Tk arrive as zeros
@@ -107,7 +110,7 @@ def _forward_tile(
     # The keys' document ids, loaded where the pipeline can prefetch them: inside the run-time branch below, every
     # masked tile waited for the load (one loop over documents' tiles ran 0.79-0.92x of three loops). Unused, as in
     # mask-free loops, the load is dropped.
-    k_doc = tl.load(masking[3] + offs_n, mask=in_bounds, other=0)[None, :] if MASKS[2] else 0
+    k_doc = tl.load(doc_row + offs_n, mask=in_bounds, other=0)[None, :] if DOCS else 0
     if MASKED == "outside_fast":
         # One loop walks masked and mask-free tiles: only the scores pass through the run-time branch, so every tile
         # scales them with a multiple of its own and guards the row max (cheaper than a second pipeline fill).
