@@ -297,8 +297,7 @@ def _dkdv_tiles(
             start_m = tl.multiple_of(start_m, BLOCK_M)
             state = _dkdv_tile(
                 state, k, v, cols, q_head, do_head, dq_head, row_stats, start_m, outside_fast(start_m, fast, MASKED),
-                masking, rng, scales, BLOCK_M, BLOCK_N, MASKS,
-                DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+                masking, rng, scales, BLOCK_M, BLOCK_N, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
     else:
         offs_m = lo + tl.arange(0, BLOCK_M)
@@ -308,8 +307,7 @@ def _dkdv_tiles(
             start_m = tl.multiple_of(start_m, BLOCK_M)
             state = _dkdv_tile(
                 state, k, v, cols, qT_ptrs, do_ptrs, dq_head, row_stats, start_m, outside_fast(start_m, fast, MASKED),
-                masking, rng, scales, BLOCK_M, BLOCK_N, MASKS,
-                DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
+                masking, rng, scales, BLOCK_M, BLOCK_N, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
             )  # fmt: skip
             qT_ptrs += BLOCK_M * stride_qt
             do_ptrs += BLOCK_M * stride_dot
