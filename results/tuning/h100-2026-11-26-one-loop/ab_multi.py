@@ -4,8 +4,8 @@ the tuned launch configuration, on the inputs and masks of scripts/bench_masks.p
     mkdir -p .ab/head && git archive 2ab40e7 kernels | tar -x -C .ab/head
     PYTHONPATH=. OUT=<dir> python results/tuning/h100-2026-11-26-one-loop/ab_multi.py head=.ab/head/kernels new=.
 
-A copy "." is the working tree's. CASES=all|masked picks the cases, KINDS the passes, ROUNDS the interleaved rounds
-(median of each). Prints one line per case and pass; writes $OUT/ab_multi.json.
+A copy "." is the working tree's. CASES=all|dense|masked picks the cases, KINDS the passes, ROUNDS the interleaved
+rounds (median of each). Prints one line per case and pass; writes $OUT/ab_multi.json.
 """
 
 import importlib.util
@@ -33,6 +33,7 @@ CASE_SETS = {
     + [(m, 16384, p) for m in MASKS_16K for p in (0.0, 0.1)]
     + [(m, 4096, 0.0) for m in ("window_1k", "documents", "local_global", "strided", "butterfly")]
     + [("window_1k", 65536, 0.0), ("documents", 65536, 0.0), ("local_global", 65536, 0.0)],
+    "dense": [("dense", t, p) for t in (1024, 4096, 16384) for p in (0.0, 0.1)],
     "masked": [("dense", 1024, 0.0), ("dense", 16384, 0.0), ("documents", 16384, 0.1), ("window_1k", 16384, 0.1)]
     + [(m, t, 0.0) for t in (4096, 16384) for m in MASKS_16K]
     + [(m, 65536, 0.0) for m in ("window_1k", "documents", "local_global")],
