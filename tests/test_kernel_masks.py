@@ -274,30 +274,28 @@ def test_dropout_under_masks(causal, mask, seed):
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fused", "deterministic"])
-@pytest.mark.parametrize("one_loop", [True, False], ids=["one_loop", "three_loops"])
-def test_both_loop_forms_match_the_reference(monkeypatch, one_loop, deterministic, seed):
+def test_both_loop_forms_match_the_reference(monkeypatch, deterministic, seed):
     """A masked pass walks its masked, mask-free and masked runs of tiles in one loop or in three (`launch.one_loop`
     picks by pass, mask and length, so small CPU shapes alone would leave some forms untested): each form, in every
     pass and both backward schedules, matches float64; with dropout the two forms agree to rounding."""
-    monkeypatch.setattr(launch, "one_loop", lambda kernel_pass, masks, dropout, seq_len_k: one_loop and masks.any)
     batch, heads, seq_len_q, seq_len_k = 2, 2, 77, 200
     masks = make_masks("window+docs+blocks", batch, heads, seq_len_q, seq_len_k)
     q, k, v = make_qkv(batch, heads, seq_len_q, seq_len_k, 32)
-    o = flash_attention(q, k, v, deterministic=deterministic, **masks)
-    do = torch.randn_like(o)
-    grads = torch.autograd.grad(o, (q, k, v), do)
+    do = torch.randn(q.shape)
     ref_o, _ = reference_attention(q, k, v, visibility(q, k, True, masks))
     ref_grads = torch.autograd.grad(ref_o, (q, k, v), do.double())
-    for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *grads), (ref_o, *ref_grads), strict=True):
-        assert rel_err(got, want) < FP32_TOL, f"{name}, one_loop={one_loop} (seed {seed})"
 
-    def with_dropout(forced: bool) -> list[torch.Tensor]:
-        monkeypatch.setattr(launch, "one_loop", lambda kernel_pass, masks, dropout, seq_len_k: forced and masks.any)
+    def run(one_loop: bool, dropout_p: float) -> list[torch.Tensor]:
+        monkeypatch.setattr(launch, "one_loop", lambda kernel_pass, masks, dropout, seq_len_k: one_loop and masks.any)
         torch.manual_seed(seed)
-        o = flash_attention(q, k, v, dropout_p=0.3, deterministic=deterministic, **masks)
+        o = flash_attention(q, k, v, dropout_p=dropout_p, deterministic=deterministic, **masks)
         return [o, *torch.autograd.grad(o, (q, k, v), do)]
 
-    for name, a, b in zip(("o", "dq", "dk", "dv"), with_dropout(one_loop), with_dropout(not one_loop), strict=True):
+    names = ("o", "dq", "dk", "dv")
+    for one_loop in (True, False):
+        for name, got, want in zip(names, run(one_loop, 0.0), (ref_o, *ref_grads), strict=True):
+            assert rel_err(got, want) < FP32_TOL, f"{name}, one_loop={one_loop} (seed {seed})"
+    for name, a, b in zip(names, run(True, 0.3), run(False, 0.3), strict=True):
         assert rel_err(a, b) < FP32_TOL, f"{name} with dropout: the loop forms disagree (seed {seed})"
 
 
