@@ -269,7 +269,7 @@ def _fit(k: Tensor, masks: FlashMask) -> dict:
 def dq_reduce(q: Tensor) -> str:
     """How the fused backward sums dQ: bulk tensor reduce-adds on Hopper, element-wise atomics elsewhere (and in the
     interpreter, which has no tensor-descriptor reductions)."""
-    return "tma" if q.is_cuda and is_hopper(q.device) else "atomic"
+    return "tma" if is_hopper(q.device) else "atomic"
 
 
 def _draw_rng_state() -> Tensor:

@@ -91,7 +91,9 @@ def _is_hopper(device_index: int) -> bool:
 
 
 def is_hopper(device: torch.device) -> bool:
-    """An H100/H200-class GPU (compute capability 9.x)."""
+    """An H100/H200-class GPU (compute capability 9.x); False for any other device."""
+    if device.type != "cuda":
+        return False
     return _is_hopper(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -118,7 +120,7 @@ def config_for(
 ) -> LaunchConfig:
     """The configuration for queries of `head_dim` and `dtype` on `device` and keys of length seq_len_k; with the
     block_size of a block mask, tiles that fit it (`fit_tiles_to_blocks`)."""
-    hopper = device.type == "cuda" and is_hopper(device)
+    hopper = is_hopper(device)
     cfg = launch_config(
         kernel_pass, head_dim, dtype_name(dtype), causal, dropout, seq_len_k, interpreting=interpreting(), hopper=hopper
     )
@@ -152,7 +154,7 @@ def backward_schedule_for(
     documents: bool = False,
 ) -> str:
     """`tuning.backward_schedule` ("fused" or "split") for queries of head_dim and dtype on device."""
-    hopper = device.type == "cuda" and is_hopper(device)
+    hopper = is_hopper(device)
     return backward_schedule(head_dim, dtype_name(dtype), causal, dropout, seq_len_k, documents=documents,
                              interpreting=interpreting(), hopper=hopper)  # fmt: skip
 
