@@ -26,6 +26,7 @@ from flashgpt.training import jobs, study, study_plan, study_report
 from flashgpt.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.context_eval import (
+    KEY_WORDS,
     PROBES,
     LongDocuments,
     long_documents,
@@ -221,6 +222,25 @@ def test_the_code_probe_asks_for_a_binding_that_copying_cannot_answer(shakespear
     assert scores[20]["needle_in_context"] == 1.0 and scores[20]["accuracy"] == 0.0
 
 
+def test_the_identifier_probe_asks_for_the_rest_of_a_name_assigned_in_the_needle(shakespeare_val):
+    trials = passkey_trials(shakespeare_val, [10, 200], n_trials=6, seed=0, probe=PROBES["identifier"])
+    encoding = get_tokenizer()
+    for group in trials.values():
+        assert len({len(trial.tokens) for trial in group}) == 1
+        for trial in group:
+            needle_text = encoding.decode(trial.tokens[trial.needle_start :].tolist())
+            name = needle_text.split(" = None", 1)[0].removeprefix("\n")
+            words = name.split("_")
+            assert len(words) == len(set(words)) == 5 and set(words) <= set(KEY_WORDS)
+            question_and_answer = encoding.decode(trial.tokens[trial.answer_start - 4 :].tolist())
+            assert question_and_answer == "\n" + name  # the question: a line starting with the name's two words
+            answer = trial.tokens[trial.answer_start :]
+            assert encoding.decode(answer.tolist()) == "_" + "_".join(words[2:]) and len(answer) == 6
+            # The needle holds the answer's very tokens, so copying them answers it.
+            needle = trial.tokens[trial.needle_start : trial.needle_start + 10].tolist()  # "\n", w1, "_", w2, ...
+            assert needle[4:] == answer.tolist()
+
+
 def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shakespeare_val):
     trials = passkey_trials(shakespeare_val, [20, 100, 300], n_trials=4, seed=0)
     scores = passkey_scores(InductionOracle(), trials, context=200, device=CPU, batch_tokens=1000)
@@ -228,6 +248,9 @@ def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shak
     assert scores[100]["accuracy"] == 1.0 and scores[100]["needle_in_context"] == 1.0
     assert scores[300]["accuracy"] == 0.0 and scores[300]["needle_in_context"] == 0.0
     assert scores[20]["key_loss"] < scores[300]["key_loss"]
+    identifier = passkey_trials(shakespeare_val, [20, 300], n_trials=4, seed=0, probe=PROBES["identifier"])
+    scores = passkey_scores(InductionOracle(), identifier, context=200, device=CPU, batch_tokens=1000)
+    assert scores[20]["accuracy"] == 1.0 and scores[300]["accuracy"] == 0.0
 
 
 # --- context extension ---
@@ -599,7 +622,7 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
     assert evaluation["contexts"]["256"]["loss"] == pytest.approx(losses.mean(), rel=1e-6)
     assert set(evaluation["contexts"]) == {"64", "128", "256"} and set(evaluation["passkey"]) == {"16", "100"}
     assert evaluation["passkey"]["100"]["needle_in_context"] == 1.0
-    assert set(evaluation["passkey_code"]) == {"16", "100"}
+    assert set(evaluation["passkey_code"]) == set(evaluation["passkey_identifier"]) == {"16", "100"}
     # Read in consecutive windows: at its own 256 tokens the extension reads each 256-target document in one window.
     assert evaluation["consecutive"]["loss"] == pytest.approx(losses.mean(), rel=1e-6)
     baseline = json.loads((runs / "evals" / "seed0" / "64.json").read_text())
@@ -618,7 +641,13 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
         assert f"| {recipe} |" in text
     assert "| fixed-64 | 0 | 64 | 0.00 | 0.00 (cut off) |" in text  # the 100-token passkey is beyond 64 tokens
     assert "extend_from=" in text and "train.stop_at_step=6" in text  # the commands that made each run
-    for section in ("## Reading in consecutive windows", "Mean loss of a key token", "## Passkey retrieval, code"):
+    sections = (
+        "## Reading in consecutive windows",
+        "Mean loss of a key token",
+        "## Passkey retrieval, code",
+        "## Identifier copy",
+    )
+    for section in sections:
         assert section in text
     assert "read in consecutive windows of each model's own context" in text  # ext-256 against fixed-64
     for plot in ("loss_by_position.png", "context.png", "passkey.png"):

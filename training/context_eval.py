@@ -19,7 +19,10 @@ from tokens 0..i: i is the target's absolute position in the document.
    context back is cut off and cannot be found. Two probes word the needle and the question. In English ("prose")
    the question ends with the needle's own words, so copying what followed them answers it (an induction head
    can). As Python ("code": `PASS_KEY = <key>`, then `assert PASS_KEY ==`) it asks for the value bound to a name,
-   which copying cannot answer.
+   which copying cannot answer. The third ("identifier") is the copy that source code itself asks for: a made-up
+   snake_case name of five random words is assigned in the needle, and the question starts a line with its first
+   two words; the answer is the rest of the name (`_w3_w4_w5`, six tokens or more), as a later use of a rare
+   identifier in a file continues it. A perfect induction head answers it, and no model can without the needle.
 """
 
 import itertools
@@ -36,19 +39,44 @@ from flashgpt.training.precision import autocast
 
 @dataclass(frozen=True)
 class Probe:
-    """How a passkey trial words its needle, question and answer (each formatted with the key)."""
+    """How a passkey trial words its needle, question and answer, each formatted with the key: a random five-digit
+    number (`key`), or with `words` > 0 a snake_case name of that many random words (`key`), split after its
+    second word into `head` and `tail`."""
 
     needle: str
     question: str
     answer: str = " {key}"
+    words: int = 0
 
+
+# Lowercase words of one GPT-2 token each. In a snake_case name GPT-2's pre-tokenizer splits at every "_", so a
+# name's tokens are the same wherever it stands: the needle holds exactly the answer's tokens.
+KEY_WORDS = (
+    "apple", "amber", "arrow", "berry", "blade", "bridge", "cloud", "carbon", "river", "silver", "planet", "pillar",
+    "forest", "dragon", "shadow", "window", "table", "chair", "paper", "stone", "water", "light", "night", "field",
+    "green", "orange", "yellow", "hammer", "rocket", "engine", "castle", "pocket", "button", "wallet", "ticket",
+    "finger", "winter", "spring", "monkey", "wolf", "bear", "horse", "storm", "flame", "rain", "wind", "metal",
+    "glass", "steel", "gold", "iron", "wood", "leaf", "root", "seed", "flower", "tree", "grass", "sand", "rock",
+    "hill", "lake", "moon", "star", "market", "doctor", "driver", "player", "hunter", "camera", "melon", "cookie",
+)  # fmt: skip
 
 PROBES = {
     "prose": Probe(
         " The pass key is {key}. Remember it. {key} is the pass key.", " What is the pass key? The pass key is"
     ),
     "code": Probe("\nPASS_KEY = {key}  # the pass key\n", "\nassert PASS_KEY =="),
+    "identifier": Probe("\n{key} = None\n", "\n{head}", "{tail}", words=5),
 }
+
+
+def _keys(probe: Probe, rng: np.random.Generator, n: int) -> list[dict[str, str]]:
+    """n random keys, as the fields the probe's texts are formatted with."""
+    if not probe.words:
+        return [{"key": str(key)} for key in rng.integers(10_000, 100_000, size=n)]
+    names = [[KEY_WORDS[i] for i in rng.choice(len(KEY_WORDS), size=probe.words, replace=False)] for _ in range(n)]
+    return [{"key": "_".join(w), "head": "_".join(w[:2]), "tail": "_" + "_".join(w[2:])} for w in names]
+
+
 PASSKEY_PREFIX = 64  # tokens of text before the needle, so that it never sits at the document's start
 
 
@@ -171,7 +199,7 @@ def summarize_losses(losses: np.ndarray, bins: list[tuple[int, int]]) -> dict:
 @dataclass(frozen=True)
 class PasskeyTrial:
     tokens: np.ndarray  # int64: <|endoftext|>, text, needle, `distance` tokens of text, question, answer
-    answer_start: int  # index in tokens of the answer's first token (keys take 1 to 3 tokens)
+    answer_start: int  # index in tokens of the answer's first token (a number key takes 1 to 3 tokens)
     needle_start: int  # index in tokens of the needle's first token
 
 
@@ -182,7 +210,6 @@ def passkey_trials(
     text around the needle is a contiguous stretch of one long held-out document; within a distance every trial has
     the same length (the text before the needle makes up for keys of fewer tokens)."""
     encoding = get_tokenizer()
-    question = encoding.encode_ordinary(probe.question)
     trials = {}
     for distance in distances:
         if not 1 <= distance <= docs.length - 2 * PASSKEY_PREFIX:
@@ -191,13 +218,14 @@ def passkey_trials(
                 f"needle comes from one document of {docs.length} targets"
             )
         rng = np.random.default_rng([seed, distance])
-        keys = rng.integers(10_000, 100_000, size=n_trials)
-        needles = [encoding.encode_ordinary(probe.needle.format(key=key)) for key in keys]
-        answers = [encoding.encode_ordinary(probe.answer.format(key=key)) for key in keys]
-        longest = max(len(n) + len(a) for n, a in zip(needles, answers, strict=True))
+        keys = _keys(probe, rng, n_trials)
+        needles = [encoding.encode_ordinary(probe.needle.format(**key)) for key in keys]
+        questions = [encoding.encode_ordinary(probe.question.format(**key)) for key in keys]
+        answers = [encoding.encode_ordinary(probe.answer.format(**key)) for key in keys]
+        longest = max(len(n) + len(q) + len(a) for n, q, a in zip(needles, questions, answers, strict=True))
         trials[distance] = []
-        for needle, answer in zip(needles, answers, strict=True):
-            before = PASSKEY_PREFIX + longest - len(needle) - len(answer)
+        for needle, question, answer in zip(needles, questions, answers, strict=True):
+            before = PASSKEY_PREFIX + longest - len(needle) - len(question) - len(answer)
             doc = int(rng.integers(len(docs.doc_ids)))
             start = 1 + int(rng.integers(docs.length - before - distance + 1))  # past the <|endoftext|>
             text = docs.tokens[doc, start : start + before + distance]

@@ -219,7 +219,7 @@ def consecutive_table(spec: Spec, models: list[Model]) -> str | None:
 
 def passkey_table(models: list[Model], probe: str = "passkey", measure: str = "accuracy") -> str | None:
     """Accuracy (or the mean loss of a key token, `measure="key_loss"`) per distance of the probe's trials
-    (evaluation key `passkey`: prose, `passkey_code`: code)."""
+    (evaluation key `passkey`: prose, `passkey_code`: code, `passkey_identifier`: identifier)."""
     models = [m for m in models if probe in m.evaluation]
     if not models:
         return None
@@ -333,7 +333,11 @@ def reading(spec: Spec, models: list[Model]) -> list[str]:
                 + ", ".join(f"{d:+.4f}" for d in means)
                 + ")."
             )
-        for probe, words in (("passkey", "passkey accuracy"), ("passkey_code", "passkey accuracy, code probe")):
+        for probe, words in (
+            ("passkey", "passkey accuracy"),
+            ("passkey_code", "passkey accuracy, code probe"),
+            ("passkey_identifier", "identifier copy accuracy"),
+        ):
             if passkey := _mean_passkey(group, probe):
                 cells = ", ".join(f"d={d}: {acc:.2f}" for d, acc in passkey)
                 lines.append(f"  {words} (own context {_k(group[0].evaluation['seq_len'])}): {cells}.")
@@ -479,6 +483,17 @@ def build_report(results: Path) -> Path:
                 "absent). Accuracy, then the mean loss of a key token.",
                 code_probe,
                 passkey_table(models, "passkey_code", "key_loss"),
+            ]
+        if identifier_probe := passkey_table(models, "passkey_identifier"):
+            sections += [
+                "## Identifier copy",
+                "The copy that source code asks for: the needle assigns a made-up name of five random words "
+                "(`flame_finger_stone_night_grass = None`), and `distance` tokens later a line starts with its first "
+                "two words; the model is right if it continues with the rest of the name (`_stone_night_grass`, "
+                "six tokens), each token its argmax (models evaluated before this probe existed are absent). "
+                "Accuracy, then the mean loss of an answer token.",
+                identifier_probe,
+                passkey_table(models, "passkey_identifier", "key_loss"),
             ]
         if domains := domain_table(spec, models):
             sections += ["## Code and prose", f"Loss at positions ≥ {_k(spec.eval.first_bin)}.", domains]
