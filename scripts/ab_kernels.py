@@ -14,7 +14,6 @@ outputs are compared too (max |A − B|), so a faster variant that computes some
 """
 
 import argparse
-import importlib.util
 import json
 import math
 import statistics
@@ -25,22 +24,10 @@ from types import ModuleType
 import torch
 import triton
 
+from flashgpt.kernel_copies import load_launch
 from flashgpt.kernels import launch as current_launch
 
 PASSES = ("fwd", "bwd", "fwd_bwd")
-
-
-def load_baseline(directory: Path) -> ModuleType:
-    """The baseline package's `launch` module, imported under the name `ab_baseline_kernels`."""
-    name = "ab_baseline_kernels"
-    package = ModuleType(name)
-    package.__path__ = [str(directory)]  # a namespace for its modules' relative imports, without its __init__
-    sys.modules[name] = package
-    spec = importlib.util.spec_from_file_location(f"{name}.launch", directory / "launch.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
@@ -130,7 +117,7 @@ def main() -> None:
     if unknown := set(passes) - set(PASSES):
         parser.error(f"unknown passes {sorted(unknown)}; choose from {', '.join(PASSES)}")
 
-    baseline = load_baseline(args.baseline)
+    baseline = load_launch(args.baseline, "ab_baseline_kernels")
     print(f"{'D':>4s} {'T':>6s} {'drop':>5s} {'pass':8s} {'base ms':>8s} {'new ms':>8s} {'new TF/s':>8s}"
           f" {'speed-up':>8s} {'max|diff|':>9s}")  # fmt: skip
     rows = []

@@ -26,7 +26,6 @@ import argparse
 import datetime
 import functools
 import gc
-import json
 import math
 import os
 import re
@@ -46,10 +45,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 # Pure torch, safe to import before TRITON_INTERPRET is set; the kernels are imported when first used.
 from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
 from flashgpt.attention_reference import reference_attention, rel_err
+from flashgpt.benchmark_tables import anchors_for, markdown_tables, tflops_cell
 from flashgpt.command_line import command_line, csv_list, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-ANCHORS = ROOT / "results" / "anchors" / "h100-attention.json"
 HEADS = {64: 12, 128: 16}  # GPT-2 shape at D = 64; the anchors' choice at D = 128
 MODEL_WIDTH = 2048  # H·D at any other head dim, as at D = 128 (and in FlashAttention's own benchmark)
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -318,7 +317,7 @@ def _progress(row: Row) -> str:
     if row.status != "ok":
         return f"{where}: {row.status} ({row.reason})"
     mem = f", {row.peak_extra_gib:.2f} GiB" if row.peak_extra_gib is not None else ""
-    return f"{where}: {_cell_tflops(row.tflops)} TFLOP/s{mem}"
+    return f"{where}: {tflops_cell(row.tflops)} TFLOP/s{mem}"
 
 
 # --- correctness ------------------------------------------------------------------------------------------
@@ -478,72 +477,6 @@ def run_checks(profile: Profile, p: float = CHECK_DROPOUT_P) -> dict:
             _guarded(f"{name}: seeds", lambda c=c: check_dropout_seeds(c, profile, p, profile.dropout_seeds))
         )
     return {"passed": all(r["passed"] for r in results), "dtype": str(profile.dtype), "results": results}
-
-
-# --- reporting --------------------------------------------------------------------------------------------
-
-
-def _cell_tflops(tflops: dict[str, float]) -> str:
-    return " / ".join("-" if math.isnan(tflops[k]) else f"{tflops[k]:.0f}" for k in ("fwd", "bwd", "fwd_bwd"))
-
-
-def _cell(row: dict | None) -> str:
-    if row is None:
-        return ""
-    if row["status"] != "ok":
-        return {"oom": "OOM", "skipped": "unsupported"}.get(row["status"], "error")
-    mem = f" ({row['peak_extra_gib']:.2f} GiB)" if row["peak_extra_gib"] is not None else ""
-    return _cell_tflops(row["tflops"]) + mem
-
-
-def _anchor_ratio(rows: list[dict], anchors: dict, anchor_provider: str) -> float | None:
-    """Geometric mean over T of measured fwd+bwd TFLOP/s / the anchor's, where both exist."""
-    ratios = []
-    for row in rows:
-        key = f"d{row['head_dim']}_p{row['dropout']}"
-        anchor = anchors.get(key, {}).get(anchor_provider, {}).get(str(row["seq_len"]))
-        if row["status"] == "ok" and anchor:
-            ratios.append(row["tflops"]["fwd_bwd"] / anchor[2])
-    return math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else None
-
-
-def _anchor_cell(provider: str, rows: list[dict], anchors: dict) -> str:
-    targets = ("sdpa_flash", "sdpa_cudnn") if provider == "flash" else (provider,)
-    parts = [(t, _anchor_ratio(rows, anchors, t)) for t in targets]
-    return ", ".join(f"{r:.2f}× {t}" for t, r in parts if r is not None)
-
-
-def markdown_tables(rows: Sequence[dict], anchors: dict | None = None) -> str:
-    """One table per (head dim, dropout): fwd / bwd / fwd+bwd TFLOP/s (peak extra GiB), as in the anchors.
-    With `anchors`, a last column: fwd+bwd vs the anchors (geometric mean over T; flash vs FA2 and cuDNN)."""
-    out = []
-    for head_dim, p in sorted({(r["head_dim"], r["dropout"]) for r in rows}):
-        section = [r for r in rows if (r["head_dim"], r["dropout"]) == (head_dim, p)]
-        seq_lens = sorted({r["seq_len"] for r in section})
-        providers = list(dict.fromkeys(r["provider"] for r in section))
-        extra = ["fwd+bwd vs H100 anchors"] if anchors else []
-        header = ["provider", *(f"T={t}" for t in seq_lens), *extra]
-        out += [
-            f"**head dim {head_dim}, causal, dropout {p}** — fwd / bwd / fwd+bwd TFLOP/s (peak extra memory)",
-            "",
-            "| " + " | ".join(header) + " |",
-            "|" + "---|" * len(header),
-        ]
-        for provider in providers:
-            mine = [r for r in section if r["provider"] == provider]
-            by_t = {r["seq_len"]: r for r in mine}
-            cells = [_cell(by_t.get(t)) for t in seq_lens]
-            cells += [_anchor_cell(provider, mine, anchors)] if anchors else []
-            out.append(f"| {provider} | " + " | ".join(cells) + " |")
-        out.append("")
-    return "\n".join(out)
-
-
-def anchors_for(device: str, dtype: str, tokens_per_call: int) -> dict | None:
-    """The anchors apply only to the same GPU model, dtype and shapes."""
-    if "H100" not in device or dtype != str(torch.bfloat16) or tokens_per_call != 16384:
-        return None
-    return json.loads(ANCHORS.read_text())["kernels"]
 
 
 # --- entry point ------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""scripts/report.py on run dirs in the trainer's formats; bench_attention.py and sweep.py on the CPU."""
+"""The run report (scripts/report.py) on run dirs in the trainer's formats; bench_attention.py and sweep.py on the
+CPU."""
 
 import io
 import json
@@ -14,12 +15,13 @@ from pathlib import Path
 import bench_attention  # the scripts, on pytest's pythonpath
 import matplotlib.image
 import pytest
-import report
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
 
 from flashgpt.attention_reference import reference_attention
+from flashgpt.benchmark_tables import ANCHORS, markdown_tables
+from flashgpt.training import run_report as report
 from flashgpt.training import study, study_report, sweep
 from flashgpt.training.config import grad_accum_steps, register_configs, typed_config, validate
 
@@ -245,10 +247,10 @@ def test_readme_table(sweeps: dict[str, Path], capsys: pytest.CaptureFixture) ->
 
 
 def test_anchor_column_is_the_geometric_mean_ratio() -> None:
-    anchors = json.loads(bench_attention.ANCHORS.read_text())["kernels"]
+    anchors = json.loads(ANCHORS.read_text())["kernels"]
     rows = [_bench_row("sdpa_flash", t, 0.0, 2 * anchors["d64_p0.0"]["sdpa_flash"][str(t)][2]) for t in (1024, 4096)]
     rows.append(_bench_row("flash", 1024, 0.0, anchors["d64_p0.0"]["sdpa_cudnn"]["1024"][2]))
-    table = bench_attention.markdown_tables(rows, anchors)
+    table = markdown_tables(rows, anchors)
     assert table.splitlines()[2].endswith("| fwd+bwd vs H100 anchors |")
     assert _table_row(table, "| sdpa_flash |").endswith("| 2.00× sdpa_flash |")
     assert _table_row(table, "| flash |").endswith(f"| {181 / 151:.2f}× sdpa_flash, 1.00× sdpa_cudnn |")

@@ -10,7 +10,6 @@ over ROUNDS rounds (median of each). Backward TFLOP/s count 2.5x the forward's 4
 benchmark does. Prints one line per case; writes $OUT/fused_ab.json.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -24,6 +23,7 @@ import torch
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from flashgpt.kernel_copies import load_launch
 from flashgpt.kernels import launch as current
 from flashgpt.kernels.tuning import LaunchConfig
 
@@ -31,17 +31,8 @@ HEADS = {64: 12, 128: 16}
 
 
 def load(name: str, directory: str) -> ModuleType:
-    """The `launch` module of the kernel package in directory, imported as a package of its own."""
-    if directory == ".":
-        return current
-    package = ModuleType(name)
-    package.__path__ = [directory]
-    sys.modules[name] = package
-    spec = importlib.util.spec_from_file_location(f"{name}.launch", os.path.join(directory, "launch.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The `launch` module of the kernel package in directory ("." : the working tree's)."""
+    return current if directory == "." else load_launch(directory, name)
 
 
 def case_runs(copies: dict, head_dim: int, seq_len: int, p: float) -> tuple[dict[str, Callable], dict, dict]:

@@ -8,7 +8,6 @@ A copy "." is the working tree's. CASES=all|dense|masked picks the cases, KINDS 
 rounds (median of each). Prints one line per case and pass; writes $OUT/ab_multi.json.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -23,6 +22,7 @@ import triton
 sys.path.insert(0, "scripts")  # bench_masks is a script, not a module of the package
 import bench_masks as bm
 
+from flashgpt.kernel_copies import load_launch
 from flashgpt.kernels import flash_mask
 from flashgpt.kernels import launch as current
 
@@ -41,17 +41,8 @@ CASE_SETS = {
 
 
 def load(name: str, directory: str) -> ModuleType:
-    """The `launch` module of the kernel package in directory, imported as a package of its own."""
-    if directory == ".":
-        return current
-    package = ModuleType(name)
-    package.__path__ = [directory]
-    sys.modules[name] = package
-    spec = importlib.util.spec_from_file_location(f"{name}.launch", os.path.join(directory, "launch.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The `launch` module of the kernel package in directory ("." : the working tree's)."""
+    return current if directory == "." else load_launch(directory, name)
 
 
 def passes(launch: ModuleType, q, k, v, do, lse, delta, params, masks, block_size) -> tuple[dict, tuple]:

@@ -1,4 +1,4 @@
-"""Log a built report (scripts/report.py --wandb ...) to a Weights & Biases run of job type "report": every plot as
+"""Log a built run report (scripts/report.py --wandb ...) to a Weights & Biases run of job type "report": every plot as
 an image, every group of runs as a table, and the report folder itself (report.md, plots, raw/) as an artifact."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import wandb
 
 
 def runs_table(runs: list[Any]) -> wandb.Table:
-    """One row per run (report.py's Run dataclass), every scalar field as a column (the per-position losses, a
+    """One row per run (run_report's Run dataclass), every scalar field as a column (the per-position losses, a
     dict, are left out)."""
     columns = [f.name for f in fields(runs[0]) if f.name != "loss_by_position"]
     return wandb.Table(columns=columns, data=[[asdict(run)[c] for c in columns] for run in runs])
