@@ -1,6 +1,7 @@
 """Masked fwd+bwd under backward variants in one process: the tuned split backward, the fused one, and other tiles.
 
-    PYTHONPATH=. OUT=<dir> python results/tuning/h100-2026-11-26-masks-backward/mask_ab.py T,... MASK,... VARIANT,...
+    PYTHONPATH=.:scripts OUT=<dir> python results/tuning/h100-2026-11-26-masks-backward/mask_ab.py \
+        T,... MASK,... VARIANT,...
 
 Each variant patches `launch.config_for` (tiles per pass) and `attention_op.backward_schedule_for`; the masks,
 shapes and timing are scripts/bench_masks.py's. Writes $OUT/mask_ab.json.
@@ -11,10 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+import bench_masks as bm  # a script: scripts/ is on PYTHONPATH, as pytest puts it
 import torch
-
-sys.path.insert(0, "scripts")  # bench_masks is a script, not a module of the package
-import bench_masks as bm
 
 from flashgpt.kernels import attention_op, launch
 from flashgpt.kernels.tuning import LaunchConfig

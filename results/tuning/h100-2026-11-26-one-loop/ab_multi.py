@@ -2,7 +2,8 @@
 the tuned launch configuration, on the inputs and masks of scripts/bench_masks.py (B·T = 16K, 12 heads, D = 64).
 
     mkdir -p .ab/head && git archive 2ab40e7 kernels | tar -x -C .ab/head
-    PYTHONPATH=. OUT=<dir> python results/tuning/h100-2026-11-26-one-loop/ab_multi.py head=.ab/head/kernels new=.
+    PYTHONPATH=.:scripts OUT=<dir> python results/tuning/h100-2026-11-26-one-loop/ab_multi.py \
+        head=.ab/head/kernels new=.
 
 A copy "." is the working tree's. CASES=all|dense|masked picks the cases, KINDS the passes, ROUNDS the interleaved
 rounds (median of each). Prints one line per case and pass; writes $OUT/ab_multi.json.
@@ -16,11 +17,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import bench_masks as bm  # a script: scripts/ is on PYTHONPATH, as pytest puts it
 import torch
 import triton
-
-sys.path.insert(0, "scripts")  # bench_masks is a script, not a module of the package
-import bench_masks as bm
 
 from flashgpt.kernel_copies import load_launch
 from flashgpt.kernels import flash_mask
