@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt
 import yaml
 
 from flashgpt.benchmark_tables import anchors_for, markdown_tables
+from flashgpt.training.study_plan import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("speed", "ppl")  # short timed runs; longer perplexity runs
@@ -74,12 +75,11 @@ class ReportError(ValueError):
 
 
 def _read_json(path: Path) -> dict:
-    if not path.exists():
-        return {}
+    """study_plan.read_json, its error an input error of the report."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ReportError(f"{path} is not valid JSON ({error})") from error
+        return read_json(path)
+    except ValueError as error:
+        raise ReportError(str(error)) from error
 
 
 def _median(values: list[float | None]) -> float | None:
