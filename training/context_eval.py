@@ -16,13 +16,14 @@ from tokens 0..i: i is the target's absolute position in the document.
 3. Passkey retrieval. A sentence holding a random five-digit key is put into held-out text, `distance` tokens of
    text before a question about it; the model is right if, teacher-forced, every token of the key is its most
    likely next token. Accuracy against distance shows how far back the model retrieves; a key more than the model's
-   context back is cut off and cannot be found. Two probes word the needle and the question. In English ("prose")
+   context back is cut off and cannot be found. Three probes word the needle and the question. In English ("prose")
    the question ends with the needle's own words, so copying what followed them answers it (an induction head
    can). As Python ("code": `PASS_KEY = <key>`, then `assert PASS_KEY ==`) it asks for the value bound to a name,
    which copying cannot answer. The third ("identifier") is the copy that source code itself asks for: a made-up
    snake_case name of five random words is assigned in the needle, and the question starts a line with its first
-   two words; the answer is the rest of the name (`_w3_w4_w5`, six tokens or more), as a later use of a rare
-   identifier in a file continues it. A perfect induction head answers it, and no model can without the needle.
+   two words; the answer is the rest of the name (`_w3_w4_w5`: six tokens, one per word and separator), as a
+   later use of a rare identifier in a file continues it. A perfect induction head answers it, and no model can
+   without the needle.
 """
 
 import itertools
