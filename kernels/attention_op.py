@@ -42,6 +42,7 @@ from torch import Tensor
 
 from flashgpt.attention_masks import validate_masks
 
+from . import launch_plans
 from .dropout import check_dropout_p
 from .launch import (
     NO_MASKS,
@@ -261,6 +262,13 @@ def _kernel_masks(
     )
 
 
+def _call_options(q: Tensor, params: AttentionParams, masks: FlashMask) -> tuple:
+    """Besides the tensors' signatures, what a call's launches depend on (launch_plans): the dtype, q's device and
+    the current one, the options and the window (a plan table is per tensor mask)."""
+    options = (params.causal, params.dropout_p, params.softmax_scale, masks.window_size)
+    return (q.dtype, q.get_device(), torch._C._cuda_getDevice() if q.is_cuda else -1, *options)
+
+
 def _fit(k: Tensor, masks: FlashMask) -> dict:
     """tuned_config's arguments besides the pass: Tk, and the block size that tiles must fit."""
     return {"seq_len_k": k.shape[2], "block_size": masks.block_size if masks.block_mask is not None else None}
@@ -341,12 +349,21 @@ def _attention_forward(
     """`_forward` with its masks as one FlashMask."""
     batch, heads, seq_len, head_dim = q.shape
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
+    scalars = params.scalars[1:4]  # launch_plans.SCALARS
+    plans = launch_plans.plans_for(masks)
+    key = ("fwd", *launch_plans.signature(q, k, v), *_call_options(q, params, masks), *launch_plans.int_widths(scalars))
+    plan = launch_plans.plan_for(plans, key)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v = (_pad_head_dim(t, native) for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
-    launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)
+    values = (q, k, v, o, lse, *scalars)
+    if plan is not None:
+        plan(values)
+    else:
+        launched = launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)
+        launch_plans.remember(plans, key, [launched], values, masks)
     return (o[..., :head_dim] if native != head_dim else o), lse
 
 
@@ -405,7 +422,12 @@ def _attention_backward(
     """`_backward_kernels` with its masks as one FlashMask."""
     head_dim = q.shape[-1]
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
-    fit = _fit(k, masks)
+    scalars = params.scalars[1:4]  # launch_plans.SCALARS
+    dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
+    plans = launch_plans.plans_for(masks)
+    key = ("bwd", *launch_plans.signature(q, k, v, o, do), dlse is None, deterministic,
+           *_call_options(q, params, masks), *launch_plans.int_widths(scalars))  # fmt: skip
+    plan = launch_plans.plan_for(plans, key)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
@@ -413,19 +435,32 @@ def _attention_backward(
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     schedule = backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],
                                      masks.document_ids is not None)  # fmt: skip
-    if deterministic or schedule == "split":
+    fused = not deterministic and schedule == "fused"
+    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if fused else None
+    values = (q, k, v, do, o, lse, dlse, delta, dq, dk, dv, dq_acc, *scalars)
+    if plan is not None:
+        plan(values)
+    elif fused:
+        fit = _fit(k, masks)
+        launches = [
+            launch_preprocess(o, do, delta, dlse, dq_acc),
+            launch_dkdv(
+                q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_fused", q, params, **fit), masks,
+                dq_acc=dq_acc, dq_reduce=dq_reduce(q),
+            ),
+            launch_dq_convert(dq_acc, dq, params.softmax_scale),
+        ]  # fmt: skip
+        launch_plans.remember(plans, key, launches, values, masks)
+    else:
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
-        launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o, dlse=dlse)
-        launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params, **fit), masks)
-    else:
-        dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-        launch_preprocess(o, do, delta, dlse, dq_acc)
-        launch_dkdv(
-            q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_fused", q, params, **fit), masks,
-            dq_acc=dq_acc, dq_reduce=dq_reduce(q),
-        )  # fmt: skip
-        launch_dq_convert(dq_acc, dq, params.softmax_scale)
+        fit = _fit(k, masks)
+        launches = [
+            launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o,
+                      dlse=dlse),
+            launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params, **fit), masks),
+        ]  # fmt: skip
+        launch_plans.remember(plans, key, launches, values, masks)
     if native != head_dim:
         return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
     return dq, dk, dv

@@ -14,13 +14,16 @@ types, so it is worked out once per tuple of types and each call only visits tho
 over every argument cost an H100 host ~35 µs per launch). Launch hooks (profilers) and the interpreter always take
 Triton's own path.
 
+`bind` goes one step further for a caller that launches the same kernel with the same arguments but a few (its
+tensors, a seed): it returns a `BoundLaunch` holding the whole argument list, whose call only fills in those.
+
 The direct path leans on Triton internals (the compiled kernel's `run`, `function` and `packed_metadata`, and the
 launcher's argument order), checked on the Triton release named below. With any other release every launch takes
 Triton's own path: still correct, only slower per call.
 """
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import triton
@@ -32,9 +35,14 @@ DIRECT_LAUNCH = triton.__version__.startswith(TESTED_TRITON)
 _INT32_RANGE = range(-(2**31), 2**31)
 
 
-def _int_width(value: int) -> int:
+def int_width(value: int) -> int:
     """Triton's integer argument types: i32 inside the int32 range, u64 from 2**63, i64 otherwise."""
     return 32 if value in _INT32_RANGE else 65 if value >= 2**63 else 64
+
+
+def direct_launches() -> bool:
+    """Whether launches take the direct path now: the tested Triton release, and no launch hook (a profiler's)."""
+    return DIRECT_LAUNCH and not (knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls)
 
 
 class FastLauncher:
@@ -67,12 +75,26 @@ class FastLauncher:
         for i in tensors:
             key[i] = (args[i].dtype, args[i].data_ptr() % 16 == 0)
         for i in widths:
-            key[i] = _int_width(args[i])
+            key[i] = int_width(args[i])
         for i in floats:
             key[i] = float
         # A tensor's (dtype, aligned) pair, an int, a width, None, float: no value at one position stands for two
         # types, so the key needs no types tuple.
         return (device, tuple(key), tuple(constexprs.items()))
+
+    def bind(
+        self, grid: tuple[int, ...], args: tuple, constexprs: dict, slots: Sequence[tuple[int, int]]
+    ) -> "BoundLaunch | None":
+        """This launch, already made once (so compiled), as a `BoundLaunch` whose calls replace args[position] by
+        values[index] for each (position, index) in slots. None where launches do not take the direct path."""
+        if not direct_launches():
+            return None
+        entry = self._entries.get(self.key(torch._C._cuda_getDevice(), args, constexprs))
+        if entry is None:
+            return None
+        run, function, metadata, tail = entry
+        grid = (*grid, 1, 1)[:3]
+        return BoundLaunch(run, grid, function, metadata, [*args, *(constexprs[name] for name in tail)], slots)
 
     def __call__(self, grid: tuple[int, ...], *args, **constexprs) -> None:
         if not DIRECT_LAUNCH:
@@ -81,7 +103,7 @@ class FastLauncher:
                 f"launcher is checked on {TESTED_TRITON}x only): correct, with more host time per call",
                 stacklevel=2,
             )
-        if not DIRECT_LAUNCH or knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls:
+        if not direct_launches():
             self.kernel[grid](*args, **constexprs)
             return
         device = torch._C._cuda_getDevice()
@@ -100,3 +122,22 @@ class FastLauncher:
         stream = torch._C._cuda_getCurrentRawStream(device)
         constexpr_args = [constexprs[name] for name in tail]
         run(grid[0], grid_y, grid_z, stream, function, metadata, None, None, None, *args, *constexpr_args)
+
+
+class BoundLaunch:
+    """One compiled kernel's launch with its grid and arguments fixed but for some positions (`FastLauncher.bind`).
+    The caller keeps those positions' values to what the kernel was specialised for: a tensor of the same dtype and
+    16-byte alignment, an int of the same width."""
+
+    __slots__ = ("args", "function", "grid", "metadata", "run", "slots")
+
+    def __init__(self, run: Callable, grid: tuple, function, metadata, args: list, slots: Sequence[tuple[int, int]]):
+        self.run, self.grid, self.function, self.metadata = run, grid, function, metadata
+        self.args, self.slots = args, tuple(slots)
+
+    def __call__(self, values: Sequence, stream: int) -> None:
+        """Launch on `stream` with args[position] = values[index] for each slot."""
+        args = self.args.copy()
+        for position, index in self.slots:
+            args[position] = values[index]
+        self.run(*self.grid, stream, self.function, self.metadata, None, None, None, *args)

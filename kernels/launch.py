@@ -13,7 +13,7 @@ import torch
 import triton
 
 from .dropout import keep_scale, keep_threshold
-from .fast_launch import FastLauncher
+from .fast_launch import BoundLaunch, FastLauncher
 from .flash_bwd import (
     flash_bwd_dkdv_kernel,
     flash_bwd_dq_convert_kernel,
@@ -47,12 +47,29 @@ def _fast_launcher(kernel) -> FastLauncher:
     return FastLauncher(kernel)
 
 
-def _launch(kernel, grid: tuple[int, int], *args, **constexprs) -> None:
+@dataclass(frozen=True)
+class Launch:
+    """One launch as it was made: the kernel, its grid, positional arguments and constexprs."""
+
+    kernel: object
+    grid: tuple[int, int]
+    args: tuple
+    constexprs: dict
+
+    def bind(self, slots: list[tuple[int, int]]) -> BoundLaunch | None:
+        """`FastLauncher.bind` of this launch; None in the interpreter, which launches through Triton only."""
+        if interpreting():
+            return None
+        return _fast_launcher(self.kernel).bind(self.grid, self.args, self.constexprs, slots)
+
+
+def _launch(kernel, grid: tuple[int, int], *args, **constexprs) -> Launch:
     """kernel[grid](*args, **constexprs); on a GPU through `FastLauncher`, which skips Triton's per-call binding."""
     if interpreting():
         kernel[grid](*args, **constexprs)
     else:
         _fast_launcher(kernel)(grid, *args, **constexprs)
+    return Launch(kernel, grid, args, constexprs)
 
 
 @dataclass(frozen=True)
@@ -258,7 +275,7 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
-def _provide_tma_scratch() -> None:
+def provide_tma_scratch() -> None:
     """Triton asks its allocator for descriptor scratch at launch. The allocator is a context variable, i.e. per
     thread: autograd runs backward passes on its own threads, so it is set before every launch that needs it, not
     once per process (a ContextVar.set, well under a microsecond)."""
@@ -275,18 +292,20 @@ def _use_tma(cfg: LaunchConfig, *tiles: torch.Tensor) -> bool:
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[:-1]):
             return False
-    _provide_tma_scratch()
+    provide_tma_scratch()
     return True
 
 
-def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask | None = None):
+def launch_forward(
+    q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask | None = None
+) -> Launch:
     """o (B, H, Tq, D) and lse (B, H, Tq) fp32 from q (B, H, Tq, D) and k, v (B, H, Tk, D)."""
     masks = masks or NO_MASKS
     tma = _use_tma(cfg, k, v)
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     qk_scale, *rng = params.scalars
-    _launch(
+    return _launch(
         flash_fwd_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         heads, seq_len_q, seq_len_k, qk_scale, *rng,
@@ -295,21 +314,21 @@ def launch_forward(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, 
     )  # fmt: skip
 
 
-def launch_preprocess(o, do, delta, dlse=None, dq_acc=None) -> None:
+def launch_preprocess(o, do, delta, dlse=None, dq_acc=None) -> Launch:
     """delta (B, H, Tq) fp32 = rowsum(dO ∘ O) − dlse (dlse: an optional gradient of the returned LSE); zeroes
     dq_acc (B, H, Tq, D) fp32 contiguous if given."""
     batch, heads, seq_len, head_dim = o.shape
     dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
-    _launch(
+    return _launch(
         flash_bwd_preprocess_kernel, (_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads), o, do, dlse, delta, dq_acc,
         *o.stride(), *do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M,
     )  # fmt: skip
 
 
-def launch_dq_convert(dq_acc, dq, softmax_scale: float) -> None:
+def launch_dq_convert(dq_acc, dq, softmax_scale: float) -> Launch:
     """dq = softmax_scale · dq_acc, cast to dq's dtype (dq_acc: the fused pass's fp32 sums)."""
     batch, heads, seq_len, head_dim = dq.shape
-    _launch(
+    return _launch(
         flash_bwd_dq_convert_kernel, (_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads), dq_acc, dq, *dq.stride(),
         heads, seq_len, softmax_scale, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M,
     )  # fmt: skip
@@ -330,7 +349,7 @@ def launch_dkdv(
     *,
     dq_acc: torch.Tensor | None = None,
     dq_reduce: str = "none",
-) -> None:
+) -> Launch:
     """dk, dv (B, H, Tk, D); with dq_reduce "atomic" or "tma" also adds dS·K into dq_acc (B, H, Tq, D) fp32
     contiguous, zeroed beforehand (`launch_preprocess`), through element-wise atomics or bulk tensor reduce-adds.
     The mask's schedules are those of the pass whose tiles cfg holds: bwd_fused with dq_reduce, else bwd_dkdv."""
@@ -339,8 +358,8 @@ def launch_dkdv(
     seq_len_k = k.shape[2]
     tma = _use_tma(cfg, q, do)
     if dq_reduce == "tma":
-        _provide_tma_scratch()
-    _launch(
+        provide_tma_scratch()
+    return _launch(
         flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars,
@@ -366,7 +385,7 @@ def launch_dq(
     *,
     o: torch.Tensor | None = None,
     dlse: torch.Tensor | None = None,
-) -> None:
+) -> Launch:
     """dq (B, H, Tq, D). Given the forward's output o, the kernel also computes delta = rowsum(dO ∘ O) − dlse
     (dlse: an optional gradient of the returned LSE) and writes it for launch_dkdv, which must run after it;
     without o, delta must hold it already (launch_preprocess)."""
@@ -376,7 +395,7 @@ def launch_dq(
     tma = _use_tma(cfg, k, v)
     o_strides = o.stride() if o is not None else (0, 0, 0, 0)
     dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
-    _launch(
+    return _launch(
         flash_bwd_dq_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *o_strides,
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars,

@@ -29,7 +29,7 @@ from bench_masks import mixed_documents
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashgpt.kernels
-from flashgpt.kernels import attention_op, flash_attention, launch
+from flashgpt.kernels import attention_op, flash_attention, launch, launch_plans
 from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask
 
 # Operators that only make a tensor's metadata or allocate memory: no kernel launch on a GPU.
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args(argv)
     launch._launch = lambda *a, **k: None  # no kernel runs: outputs stay uninitialised, never read
+    launch_plans.ENABLED = False  # nothing launched, nothing to replay: every call takes the full path measured here
     launch.interpreting = lambda: False  # tiles as on a (non-Hopper) GPU; attention_op's own CPU check still passes
     # The eager path, as in a plain call: an active dispatch mode would otherwise route the call through the
     # operators, whose insides the mode does not see.

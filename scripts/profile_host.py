@@ -18,6 +18,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import threading
 import time
 from collections.abc import Callable
 
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashgpt.kernels import FlashMask, attention_op, flash_attention, flash_mask, launch
+from flashgpt.kernels import FlashMask, attention_op, flash_attention, flash_mask, launch, launch_plans
 
 SHAPE = (1, 2, 128, 64)
 
@@ -44,7 +45,8 @@ def per_call_us(step: Callable[[], object], calls: int) -> float:
 
 def inside_autograd(step: Callable[[], object], calls: int) -> str:
     """Where a real fwd + autograd.grad spends its host time: the forward's and backward's operator bodies timed in
-    place (the backward runs on autograd's device thread), and the whole step with the kernel launches stubbed."""
+    place (the backward runs on autograd's device thread), and the whole step with the kernel launches stubbed
+    (the full path: stubbed launches leave nothing to replay)."""
     spent = {"_attention_forward": 0.0, "_attention_backward": 0.0}
     originals = {name: getattr(attention_op, name) for name in spent}
 
@@ -66,10 +68,12 @@ def inside_autograd(step: Callable[[], object], calls: int) -> str:
             setattr(attention_op, name, original)
     launch_fn = launch._launch
     launch._launch = lambda *args, **kwargs: None
+    launch_plans.ENABLED = False  # nothing launched, nothing to replay
     try:
         stubbed = per_call_us(step, calls)
     finally:
         launch._launch = launch_fn
+        launch_plans.ENABLED = True
     bodies = ", ".join(f"{name} {seconds / (calls + 50) * 1e6:.1f} us" for name, seconds in spent.items())
     return f"inside fwd + autograd.grad ({total:.1f} us): {bodies}; launches stubbed: {stubbed:.1f} us"
 
@@ -90,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--out", default=None, help="also write the report to this file")
+    parser.add_argument("--trace", default=None, help="write a Chrome trace of 10 flash and cuDNN fwd+bwd here")
     parser.add_argument("--mask", choices=("none", "documents", "blocks"), default="none")
     args = parser.parse_args()
     shape = SHAPE if args.mask == "none" else (*SHAPE[:2], 1024, SHAPE[3])
@@ -150,19 +155,79 @@ def main() -> None:
     def dq_key() -> None:
         launch._fast_launcher(launch.flash_bwd_dq_kernel).key(0, (qd, kd, vd) * 20, {"A": 1})
 
+    def single_threaded(step: Callable[[], object]) -> Callable[[], None]:
+        """step with autograd's backward run on the calling thread instead of its CUDA device thread."""
+
+        def run() -> None:
+            with torch.autograd.set_multithreading_enabled(False):
+                step()
+
+        return run
+
+    def on_worker_thread(step: Callable[[], object]) -> Callable[[], None]:
+        """step on a second Python thread (as autograd runs a backward), the caller waiting for it."""
+
+        def run() -> None:
+            thread = threading.Thread(target=step)
+            thread.start()
+            thread.join()
+
+        return run
+
+    class LaunchingBackward(torch.autograd.Function):
+        """Floor's forward; a backward that makes the two split-backward launches with prepared arguments."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, do):
+            dq_launch()
+            dkdv_launch()
+            return dq, dk, dv
+
+    def launching_fwd_bwd() -> None:
+        torch.autograd.grad(LaunchingBackward.apply(q, k, v), (q, k, v), grad_out)
+
+    def nothing() -> None:
+        pass
+
+    def without_plans(step: Callable[[], object]) -> Callable[[], None]:
+        """step with every launch taking the full path (`launch_plans.ENABLED` off)."""
+
+        def run() -> None:
+            launch_plans.ENABLED = False
+            try:
+                step()
+            finally:
+                launch_plans.ENABLED = True
+
+        return run
+
     stages = {
         "flash fwd, no grad": flash_fwd_nograd,
         "flash fwd, grad": flash_fwd_grad,
         "flash fwd + autograd.grad": flash_fwd_bwd,
+        "flash fwd + grad, no launch plans": without_plans(flash_fwd_bwd),
+        "flash fwd, no grad, no launch plans": without_plans(flash_fwd_nograd),
         "flash backward body": backward_body,
         "launch_dq": dq_launch,
         "launch_dkdv": dkdv_launch,
         "FastLauncher key, 60 args": dq_key,
         "cudnn fwd + autograd.grad": cudnn_fwd_bwd,
         "empty Function + autograd.grad": floor_fwd_bwd,
+        "Function launching dq, dkdv + grad": launching_fwd_bwd,
+        "flash fwd + grad, one thread": single_threaded(flash_fwd_bwd),
+        "cudnn fwd + grad, one thread": single_threaded(cudnn_fwd_bwd),
+        "empty Function + grad, one thread": single_threaded(floor_fwd_bwd),
+        "Function launching + grad, 1 thr": single_threaded(launching_fwd_bwd),
+        "thread start + join": on_worker_thread(nothing),
+        "launch_dq + dkdv on a thread": on_worker_thread(lambda: (dq_launch(), dkdv_launch())),
+        "launch_dq + dkdv": lambda: (dq_launch(), dkdv_launch()),
     }
     for name, step in stages.items():
-        lines.append(f"{name:>28}: {per_call_us(step, args.calls):7.1f} us")
+        lines.append(f"{name:>36}: {per_call_us(step, args.calls):7.1f} us")
     lines.append(inside_autograd(flash_fwd_bwd, args.calls))
     for kernel in (launch.flash_fwd_kernel, launch.flash_bwd_dq_kernel, launch.flash_bwd_dkdv_kernel):
         lines.append(f"launcher entries {kernel.fn.__name__}: {len(launch._fast_launcher(kernel)._entries)}")
@@ -182,6 +247,15 @@ def main() -> None:
         for _ in range(20):
             flash_fwd_bwd()
     lines.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    if args.trace:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
+            for _ in range(10):
+                flash_fwd_bwd()
+                cudnn_fwd_bwd()
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(args.trace)
     report = "\n".join(lines)
     print(report)
     if args.out:

@@ -1,0 +1,120 @@
+"""Replaying an eager call's kernel launches: everything but its tensors and dropout seed bound once.
+
+Most of the host time of a flash_attention call goes into deciding what to launch: the tuned configuration, the
+constexpr flags, the mask's schedule for each pass, the strides, and the key under which Triton compiled the
+kernel. For calls with the same signature (shapes, strides, 16-byte alignment, dtype, device, options, mask) all
+of that comes out the same. So a signature's second call records its launches and binds them
+(`FastLauncher.bind`) into a `LaunchPlan`, and every later call replays the plan, filling in only what differs
+from call to call: the tensors and, with dropout, the seed and offset. A signature seen once never pays for
+binding, so masks built afresh inside every compiled call cost nothing here.
+
+A plan keeps its tensors' positions, not the tensors, except those of a mask (document ids, block mask,
+schedule), which it keeps bound for as long as that mask lives: plans of a mask live in a table that forgets them
+with it. Binding refuses (and the signature keeps the full path) if a launch took any other tensor, such as a
+temporary copy made inside a launch function, which a replay would otherwise reuse.
+
+`ENABLED = False` turns replays off (benchmarks compare both ways in one process).
+"""
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .fast_launch import int_width
+from .launch import Launch, provide_tma_scratch
+from .tile_schedule import FlashMask
+
+ENABLED = True
+MAX_PLANS = 64  # signatures kept per mask (and for calls without tensor masks); past that the table starts over
+SCALARS = ("seed", "offset_lo", "offset_hi")  # the kernels' per-call ints, after the tensors in a call's values
+
+
+class LaunchPlan:
+    """The launches of one call signature, bound; `plan(values)` replays them with that call's values."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self, launches: list) -> None:
+        self.launches = launches
+
+    @classmethod
+    def bind(cls, launches: Sequence[Launch], values: Sequence, mask: FlashMask) -> "LaunchPlan | None":
+        """Plan `launches`, made with `values` (the call's tensors, None where absent, then its SCALARS). None if
+        they cannot be replayed: a launch took a tensor that is neither among values nor the mask's, two values
+        are one tensor (their positions would be ambiguous), or launches do not take the direct path."""
+        tensors = {id(t): i for i, t in enumerate(values) if isinstance(t, Tensor)}
+        if len(tensors) != sum(isinstance(t, Tensor) for t in values):
+            return None
+        mask_tensors = (mask.document_ids, mask.block_mask, mask.schedule)
+        owned = {t.untyped_storage().data_ptr() for t in mask_tensors if t is not None}
+        first_scalar = len(values) - len(SCALARS)
+        bound = []
+        for launch in launches:
+            slots = []
+            for position, arg in enumerate(launch.args):
+                if isinstance(arg, Tensor):
+                    index = tensors.get(id(arg))
+                    if index is not None:
+                        slots.append((position, index))
+                    elif arg.untyped_storage().data_ptr() not in owned:
+                        return None
+            names = launch.kernel.arg_names[: len(launch.args)]
+            slots += [(names.index(name), first_scalar + i) for i, name in enumerate(SCALARS) if name in names]
+            replay = launch.bind(slots)
+            if replay is None:
+                return None
+            bound.append(replay)
+        return cls(bound)
+
+    def __call__(self, values: Sequence) -> None:
+        provide_tma_scratch()  # per thread: autograd runs the backward on its own
+        stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+        for launch in self.launches:
+            launch(values, stream)
+
+
+_SEEN_ONCE, _NOT_PLANNABLE = object(), object()
+_WITHOUT_TENSOR_MASKS: dict = {}
+_BY_MASK: "weakref.WeakKeyDictionary[FlashMask, dict]" = weakref.WeakKeyDictionary()
+
+
+def plans_for(mask: FlashMask) -> dict:
+    """The plan table of calls with this mask; calls without document ids or block mask share one (their key then
+    holds the window)."""
+    if mask.document_ids is None and mask.block_mask is None:
+        return _WITHOUT_TENSOR_MASKS
+    table = _BY_MASK.get(mask)
+    if table is None:
+        table = _BY_MASK[mask] = {}
+    return table
+
+
+def plan_for(table: dict, key: tuple) -> LaunchPlan | None:
+    """The plan for signature `key`, if it has one (and plans are enabled)."""
+    plan = table.get(key)
+    return plan if ENABLED and type(plan) is LaunchPlan else None
+
+
+def remember(table: dict, key: tuple, launches: Sequence[Launch], values: Sequence, mask: FlashMask) -> None:
+    """After a call with signature `key` launched `launches` the full way: note a first call; bind at the second."""
+    seen = table.get(key)
+    if seen is None:
+        if len(table) >= MAX_PLANS:
+            table.clear()
+        table[key] = _SEEN_ONCE
+    elif seen is _SEEN_ONCE and ENABLED:
+        plan = LaunchPlan.bind(launches, values, mask)
+        table[key] = _NOT_PLANNABLE if plan is None else plan
+
+
+def int_widths(values: Sequence[int]) -> tuple[int, ...]:
+    """Triton compiles an int argument as i32 or i64 by its value: the seed and offset are part of a signature by
+    their widths."""
+    return tuple(map(int_width, values))
+
+
+def signature(*tensors: Tensor | None) -> tuple:
+    """Shape, strides and 16-byte alignment of each tensor (None stays None): what the launches derive from them."""
+    return tuple([None if t is None else (t.shape, t.stride(), t.data_ptr() % 16 == 0) for t in tensors])

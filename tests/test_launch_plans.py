@@ -1,0 +1,118 @@
+"""Launch plans (`kernels/launch_plans.py`): a replayed call computes exactly what the full path computes.
+
+On a GPU a plan replays Triton's compiled launcher with the bound arguments; here that launcher is the one thing
+stood in for: a bound launch runs its kernel through the interpreter with the argument list the plan built (its
+constexprs included), so a wrong slot (a tensor of the previous call, a stale seed) shows as a wrong result. Every
+call takes new tensors of the same signature, so nothing from the call a plan was bound at can pass for a value.
+
+(Named to be collected after test_hf.py: see test_launch_cache_key.py.)
+"""
+
+import pytest
+import torch
+from test_kernel_masks import make_masks
+
+from flashgpt.kernels import flash_attention, flash_mask, launch_plans
+from flashgpt.kernels.attention_op import _draw_rng_state, _params
+from flashgpt.kernels.fast_launch import BoundLaunch
+from flashgpt.kernels.launch import Launch
+
+
+@pytest.fixture
+def interpreted_replays(monkeypatch) -> list[str]:
+    """Plans bind as on a GPU, but their launches run through the interpreter; returns the replayed kernels' names."""
+    replayed: list[str] = []
+
+    def bind(self: Launch, slots):
+        tail = self.kernel.arg_names[len(self.args) :]
+
+        def run(grid_x, grid_y, grid_z, stream, function, metadata, *hooks_and_args):
+            replayed.append(self.kernel.fn.__name__)
+            self.kernel[(grid_x, grid_y, grid_z)](*hooks_and_args[3:])  # the kernel's arguments, constexprs last
+
+        args = [*self.args, *(self.constexprs[name] for name in tail)]
+        return BoundLaunch(run, (*self.grid, 1, 1)[:3], None, None, args, slots)
+
+    monkeypatch.setattr(Launch, "bind", bind)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+    monkeypatch.setattr(launch_plans, "ENABLED", True)
+    # Fresh tables: other tests' calls of the same signatures found no plan to bind in the interpreter.
+    monkeypatch.setattr(launch_plans, "_WITHOUT_TENSOR_MASKS", {})
+    monkeypatch.setattr(launch_plans, "_BY_MASK", launch_plans.weakref.WeakKeyDictionary())
+    return replayed
+
+
+def _seeds_of_one_signature(count: int) -> list[int]:
+    """Seeds whose dropout draws (seed, offset) have one set of integer widths, so one plan serves their calls: the
+    width is part of the signature (an offset's low word is i32 or i64 by its value)."""
+    by_widths: dict[tuple, list[int]] = {}
+    for seed in range(100):
+        torch.manual_seed(seed)
+        params = _params(True, 0.25, None, 32, _draw_rng_state())
+        seeds = by_widths.setdefault(launch_plans.int_widths(params.scalars[1:4]), [])
+        seeds.append(seed)
+        if len(seeds) == count:
+            return seeds
+    raise AssertionError("no seeds found")
+
+
+def _inputs(head_dim: int, generator: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(2, 2, 40, head_dim, generator=generator).requires_grad_() for _ in range(3)]
+
+
+def _fwd_bwd(q, k, v, dropout_p: float, use_lse: bool, deterministic: bool, masks: dict, seed: int):
+    torch.manual_seed(seed)  # the dropout draw
+    o, lse = flash_attention(q, k, v, dropout_p=dropout_p, return_lse=True, deterministic=deterministic, **masks)
+    generator = torch.Generator().manual_seed(seed)
+    loss = (o * torch.randn(o.shape, generator=generator)).sum()
+    if use_lse:
+        loss = loss + (lse * torch.randn(lse.shape, generator=generator)).sum()
+    return [o.detach(), lse.detach(), *torch.autograd.grad(loss, (q, k, v))]
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "dropout_p", "use_lse", "deterministic", "mask"),
+    [
+        (32, 0.0, False, False, "none"),
+        (32, 0.25, True, True, "window"),
+        (40, 0.0, True, False, "docs"),  # a padded head dim
+        (32, 0.25, False, False, "blocks"),
+    ],
+    ids=["dense", "dropout-lse-window", "padded-docs", "dropout-blocks"],
+)
+def test_replayed_call_matches_the_full_path(interpreted_replays, head_dim, dropout_p, use_lse, deterministic, mask):
+    generator = torch.Generator().manual_seed(0)
+    kwargs = make_masks(mask, 2, 2, 40, 40)
+    if "document_ids" in kwargs or "block_mask" in kwargs:  # built once, as a model step does for all its layers
+        kwargs = {"mask": flash_mask(40, 40, head_dim=head_dim, dtype=torch.float32, dropout_p=dropout_p, **kwargs)}
+    options = (dropout_p, use_lse, deterministic, kwargs)
+    seeds = _seeds_of_one_signature(3)
+    for seed in seeds[:2]:  # the first call is noted, the second binds the plans
+        _fwd_bwd(*_inputs(head_dim, generator), *options, seed=seed)
+        assert not interpreted_replays
+    q, k, v = _inputs(head_dim, generator)
+    replayed = _fwd_bwd(q, k, v, *options, seed=seeds[2])
+    assert "flash_fwd_kernel" in interpreted_replays and "flash_bwd_dkdv_kernel" in interpreted_replays
+    launch_plans.ENABLED = False
+    full = _fwd_bwd(q, k, v, *options, seed=seeds[2])
+    for name, got, want in zip(("o", "lse", "dq", "dk", "dv"), replayed, full, strict=True):
+        assert torch.equal(got, want), name
+
+
+def test_a_launch_that_took_a_temporary_tensor_is_not_planned(interpreted_replays, monkeypatch):
+    """A tensor made inside a launch function is neither among the call's values nor the mask's: binding refuses,
+    so no replay could reuse it."""
+    original = launch_plans.LaunchPlan.bind.__func__
+
+    def bind_with_a_copy(cls, launches, values, mask):
+        first = launches[0]
+        position = next(i for i, a in enumerate(first.args) if isinstance(a, torch.Tensor))
+        copied = (*first.args[:position], first.args[position].clone(), *first.args[position + 1 :])
+        return original(cls, [Launch(first.kernel, first.grid, copied, first.constexprs), *launches[1:]], values, mask)
+
+    monkeypatch.setattr(launch_plans.LaunchPlan, "bind", classmethod(bind_with_a_copy))
+    generator = torch.Generator().manual_seed(0)
+    for call in range(4):
+        _fwd_bwd(*_inputs(32, generator), 0.0, False, False, {}, seed=call)
+    assert not interpreted_replays
