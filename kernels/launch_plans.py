@@ -34,10 +34,11 @@ SCALARS = ("seed", "offset_lo", "offset_hi")  # the kernels' per-call ints, afte
 class LaunchPlan:
     """The launches of one call signature, bound; `plan(values)` replays them with that call's values."""
 
-    __slots__ = ("launches",)
+    __slots__ = ("launches", "mask_tensors")
 
-    def __init__(self, launches: list) -> None:
+    def __init__(self, launches: list, mask_tensors: list[Tensor]) -> None:
         self.launches = launches
+        self.mask_tensors = mask_tensors  # bound by address: kept alive with the plan
 
     @classmethod
     def bind(cls, launches: Sequence[Launch], values: Sequence, mask: FlashMask) -> "LaunchPlan | None":
@@ -50,29 +51,42 @@ class LaunchPlan:
         mask_tensors = (mask.document_ids, mask.block_mask, mask.schedule)
         owned = {t.untyped_storage().data_ptr() for t in mask_tensors if t is not None}
         first_scalar = len(values) - len(SCALARS)
-        bound = []
+        bound, kept = [], []
         for launch in launches:
-            slots = []
+            slots, baked = [], []
             for position, arg in enumerate(launch.args):
                 if isinstance(arg, Tensor):
                     index = tensors.get(id(arg))
                     if index is not None:
                         slots.append((position, index))
-                    elif arg.untyped_storage().data_ptr() not in owned:
+                    elif arg.untyped_storage().data_ptr() in owned:
+                        baked.append(position)
+                    else:
                         return None
             names = launch.kernel.arg_names[: len(launch.args)]
             slots += [(names.index(name), first_scalar + i) for i, name in enumerate(SCALARS) if name in names]
             replay = launch.bind(slots)
             if replay is None:
                 return None
+            for position in baked:
+                kept.append(replay.args[position])
+                replay.args[position] = pointer(replay.args[position])
             bound.append(replay)
-        return cls(bound)
+        return cls(bound, kept)
 
     def __call__(self, values: Sequence) -> None:
         provide_tma_scratch()  # per thread: autograd runs the backward on its own
         stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+        arguments = [pointer(v) if isinstance(v, Tensor) else v for v in values]
         for launch in self.launches:
-            launch(values, stream)
+            launch(arguments, stream)
+
+
+def pointer(t: Tensor) -> int:
+    """A tensor as a replay passes it: its address. For a tensor, Triton's launcher calls data_ptr() and asks the
+    driver to check the pointer (cuPointerGetAttribute), a few µs per tensor argument; an int it takes as it is.
+    The call's own checks have put every tensor on the device."""
+    return t.data_ptr()
 
 
 _SEEN_ONCE, _NOT_PLANNABLE = object(), object()

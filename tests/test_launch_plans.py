@@ -1,9 +1,11 @@
 """Launch plans (`kernels/launch_plans.py`): a replayed call computes exactly what the full path computes.
 
-On a GPU a plan replays Triton's compiled launcher with the bound arguments; here that launcher is the one thing
-stood in for: a bound launch runs its kernel through the interpreter with the argument list the plan built (its
-constexprs included), so a wrong slot (a tensor of the previous call, a stale seed) shows as a wrong result. Every
-call takes new tensors of the same signature, so nothing from the call a plan was bound at can pass for a value.
+On a GPU a plan replays Triton's compiled launcher with the bound arguments, tensors passed by address; here
+those two are what is stood in for: a bound launch runs its kernel through the interpreter with the argument list
+the plan built (its constexprs included), tensors passed as tensors, so a wrong slot (a tensor of the previous call,
+a stale seed) shows as a wrong result. Every call takes new tensors of the same signature, so nothing from the call
+a plan was bound at can pass for a value. (On the GPU, results/tuning/h200-2026-11-26-launch-plans/plans_ab.py
+checks replays bit for bit against the full path.)
 
 (Named to be collected after test_hf.py: see test_launch_cache_key.py.)
 """
@@ -34,6 +36,7 @@ def interpreted_replays(monkeypatch) -> list[str]:
         return BoundLaunch(run, (*self.grid, 1, 1)[:3], None, None, args, slots)
 
     monkeypatch.setattr(Launch, "bind", bind)
+    monkeypatch.setattr(launch_plans, "pointer", lambda t: t)  # the interpreter takes tensors, not addresses
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
     monkeypatch.setattr(launch_plans, "ENABLED", True)
