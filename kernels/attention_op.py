@@ -36,6 +36,7 @@ import functools
 import math
 import numbers
 import operator
+import weakref
 
 import torch
 from torch import Tensor
@@ -224,12 +225,20 @@ def flash_mask(
                        block_mask, block_size, backward)  # fmt: skip
 
 
+# The calls (shapes, device, backward) each live mask was found to fit: checked once, not in every layer.
+_MASK_FITS: "weakref.WeakKeyDictionary[FlashMask, set]" = weakref.WeakKeyDictionary()
+
+
 def _check_prebuilt(mask: FlashMask, q: Tensor, k: Tensor, backward: bool) -> None:
     """A mask from flash_mask fits this call's shapes and devices, and has the backward's schedules if needed. The
     operators check that it holds the tiles they launch with (which depend on the dtype, head dim, causal and
     dropout_p it was built for)."""
     if not isinstance(mask, FlashMask):
         raise TypeError(f"flash_attention: mask must be a FlashMask from flash_mask, got {type(mask).__name__}")
+    eager = _plain_eager(q)  # traced shapes are symbolic: no cache
+    call = (q.shape[:3], k.shape[2], q.device, backward)  # all that the checks below read of the call
+    if eager and call in _MASK_FITS.get(mask, ()):  # every layer of a model step passes one mask, one shape
+        return
     if (q.shape[2], k.shape[2]) != (mask.seq_len_q, mask.seq_len_k):
         raise ValueError(
             f"flash_attention: mask was built for Tq={mask.seq_len_q}, Tk={mask.seq_len_k}, but q has Tq={q.shape[2]} "
@@ -242,6 +251,8 @@ def _check_prebuilt(mask: FlashMask, q: Tensor, k: Tensor, backward: bool) -> No
             f"flash_attention: mask was built for the passes {', '.join(mask.passes)} only (flash_mask with "
             "backward=False), but q, k or v requires grad"
         )
+    if eager:
+        _MASK_FITS.setdefault(mask, set()).add(call)
 
 
 def _kernel_masks(
@@ -350,20 +361,17 @@ def _attention_forward(
     batch, heads, seq_len, head_dim = q.shape
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
     scalars = params.scalars[1:4]  # launch_plans.SCALARS
-    plans = launch_plans.plans_for(masks)
     key = ("fwd", *launch_plans.signature(q, k, v), *_call_options(q, params, masks), *launch_plans.int_widths(scalars))
-    plan = launch_plans.plan_for(plans, key)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v = (_pad_head_dim(t, native) for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
-    values = (q, k, v, o, lse, *scalars)
-    if plan is not None:
-        plan(values)
-    else:
-        launched = launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)
-        launch_plans.remember(plans, key, [launched], values, masks)
+
+    def launch() -> list:
+        return [launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)]
+
+    launch_plans.launch_or_replay(masks, key, (q, k, v, o, lse, *scalars), launch)
     return (o[..., :head_dim] if native != head_dim else o), lse
 
 
@@ -424,10 +432,8 @@ def _attention_backward(
     params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
     scalars = params.scalars[1:4]  # launch_plans.SCALARS
     dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
-    plans = launch_plans.plans_for(masks)
     key = ("bwd", *launch_plans.signature(q, k, v, o, do), dlse is None, deterministic,
            *_call_options(q, params, masks), *launch_plans.int_widths(scalars))  # fmt: skip
-    plan = launch_plans.plan_for(plans, key)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
@@ -437,30 +443,24 @@ def _attention_backward(
                                      masks.document_ids is not None)  # fmt: skip
     fused = not deterministic and schedule == "fused"
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if fused else None
-    values = (q, k, v, do, o, lse, dlse, delta, dq, dk, dv, dq_acc, *scalars)
-    if plan is not None:
-        plan(values)
-    elif fused:
-        fit = _fit(k, masks)
-        launches = [
-            launch_preprocess(o, do, delta, dlse, dq_acc),
-            launch_dkdv(
-                q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_fused", q, params, **fit), masks,
-                dq_acc=dq_acc, dq_reduce=dq_reduce(q),
-            ),
-            launch_dq_convert(dq_acc, dq, params.softmax_scale),
-        ]  # fmt: skip
-        launch_plans.remember(plans, key, launches, values, masks)
-    else:
+
+    def launch() -> list:
+        cfg = lambda kernel_pass: tuned_config(kernel_pass, q, params, **_fit(k, masks))
+        if fused:
+            return [
+                launch_preprocess(o, do, delta, dlse, dq_acc),
+                launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_fused"), masks, dq_acc=dq_acc,
+                            dq_reduce=dq_reduce(q)),
+                launch_dq_convert(dq_acc, dq, params.softmax_scale),
+            ]  # fmt: skip
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
-        fit = _fit(k, masks)
-        launches = [
-            launch_dq(q, k, v, do, lse, delta, dq, params, tuned_config("bwd_dq", q, params, **fit), masks, o=o,
-                      dlse=dlse),
-            launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_config("bwd_dkdv", q, params, **fit), masks),
-        ]  # fmt: skip
-        launch_plans.remember(plans, key, launches, values, masks)
+        return [
+            launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o, dlse=dlse),
+            launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks),
+        ]
+
+    launch_plans.launch_or_replay(masks, key, (q, k, v, do, o, lse, dlse, delta, dq, dk, dv, dq_acc, *scalars), launch)
     if native != head_dim:
         return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
     return dq, dk, dv
@@ -618,8 +618,11 @@ def flash_attention(
     if _plain_eager(q):
         if mask is None:  # no masks or a window: nothing to schedule
             mask = _kernel_masks(q, k, window_size, None, None, block_size, None, None)
-        options = (rng_state, causal, float(dropout_p), scale, mask, deterministic)
-        o, lse = _EagerFlashAttention.apply(q, k, v, options)
+        if backward:
+            options = (rng_state, causal, float(dropout_p), scale, mask, deterministic)
+            o, lse = _EagerFlashAttention.apply(q, k, v, options)
+        else:  # nothing to differentiate (inference, sampling): no autograd node to build
+            o, lse = _attention_forward(q, k, v, rng_state, causal, float(dropout_p), scale, mask)
     else:
         masks = (
             (window_size, document_ids, block_mask, block_size, None, None) if mask is None else mask.operator_args()

@@ -17,7 +17,7 @@ temporary copy made inside a launch function, which a replay would otherwise reu
 """
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -105,15 +105,15 @@ def plans_for(mask: FlashMask) -> dict:
     return table
 
 
-def plan_for(table: dict, key: tuple) -> LaunchPlan | None:
-    """The plan for signature `key`, if it has one (and plans are enabled)."""
-    plan = table.get(key)
-    return plan if ENABLED and type(plan) is LaunchPlan else None
-
-
-def remember(table: dict, key: tuple, launches: Sequence[Launch], values: Sequence, mask: FlashMask) -> None:
-    """After a call with signature `key` launched `launches` the full way: note a first call; bind at the second."""
+def launch_or_replay(mask: FlashMask, key: tuple, values: Sequence, launch: Callable[[], list[Launch]]) -> None:
+    """Replay the plan of call signature `key` with `values` if it has one; else `launch()` (which makes the launches
+    the full way and returns them), noting a signature's first call and binding its plan at the second."""
+    table = plans_for(mask)
     seen = table.get(key)
+    if type(seen) is LaunchPlan and ENABLED:
+        seen(values)
+        return
+    launches = launch()
     if seen is None:
         if len(table) >= MAX_PLANS:
             table.clear()

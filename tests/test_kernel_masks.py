@@ -409,6 +409,7 @@ def test_a_mask_built_for_another_call_raises(monkeypatch):
     q, kv = torch.randn(2, 2, 48, 32, requires_grad=True), torch.randn(2, 2, 64, 32)
     docs = random_documents(2, 64, mean_len=20)
     built = flash_mask(48, 64, head_dim=32, dtype=torch.float32, document_ids=docs)
+    flash_attention(q, kv, kv, mask=built)  # a call it fits is remembered; the calls below must still fail
     with pytest.raises(ValueError, match=r"mask was built for Tq=48, Tk=64, but q has Tq=64"):
         flash_attention(kv, kv, kv, mask=built)
     with pytest.raises(ValueError, match=r"document_ids must have shape \(B, Tk\) = \(1, 64\)"):
@@ -418,6 +419,8 @@ def test_a_mask_built_for_another_call_raises(monkeypatch):
     with pytest.raises(TypeError, match="mask must be a FlashMask"):
         flash_attention(q, kv, kv, mask=docs)
     forward_only = flash_mask(48, 64, head_dim=32, dtype=torch.float32, document_ids=docs, backward=False)
+    with torch.no_grad():
+        flash_attention(q, kv, kv, mask=forward_only)
     with pytest.raises(ValueError, match="backward=False"):
         flash_attention(q, kv, kv, mask=forward_only)
 

@@ -303,6 +303,24 @@ def test_zero_dropout_is_exact(seed):
     assert rel_err(o, ref) < FP32_TOL
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"dropout_p": 0.25, "window_size": 9}, {"document_ids": torch.arange(40)[None] // 13}],
+    ids=["plain", "dropout-window", "documents"],
+)
+def test_a_call_without_gradients_computes_what_a_differentiable_one_does(options, seed):
+    """Without gradients to compute (no_grad, or inputs that need none) the call builds no autograd node; its o and
+    lse are the differentiable call's, bit for bit, dropout included."""
+    q, k, v = make_qkv(1, 2, 40, 32, "fused_qkv")
+    torch.manual_seed(seed)
+    o, lse = flash_attention(q, k, v, return_lse=True, **options)
+    for plain_call in (torch.no_grad, torch.enable_grad):
+        torch.manual_seed(seed)
+        with plain_call():
+            o_plain, lse_plain = flash_attention(q.detach(), k.detach(), v.detach(), return_lse=True, **options)
+        assert o_plain.grad_fn is None and torch.equal(o_plain, o) and torch.equal(lse_plain, lse)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Bad input
 
