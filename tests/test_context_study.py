@@ -28,6 +28,7 @@ from flashgpt.training.config import TrainConfig, register_configs, typed_config
 from flashgpt.training.context_eval import (
     KEY_WORDS,
     PROBES,
+    RARE_WORDS,
     LongDocuments,
     long_documents,
     passkey_scores,
@@ -241,6 +242,23 @@ def test_the_identifier_probe_asks_for_the_rest_of_a_name_assigned_in_the_needle
             assert needle[4:] == answer.tolist()
 
 
+def test_the_repeat_probe_asks_for_the_rest_of_a_run_of_rare_words(shakespeare_val):
+    encoding = get_tokenizer()
+    assert all(len(encoding.encode_ordinary(" " + word)) == 1 for word in RARE_WORDS)
+    assert len(set(RARE_WORDS)) == len(RARE_WORDS)
+    trials = passkey_trials(shakespeare_val, [10, 200], n_trials=6, seed=0, probe=PROBES["repeat"])
+    for group in trials.values():
+        assert len({len(trial.tokens) for trial in group}) == 1
+        for trial in group:
+            needle = trial.tokens[trial.needle_start : trial.needle_start + 8].tolist()
+            words = encoding.decode(needle).split()
+            assert encoding.decode(needle) == " " + " ".join(words)
+            assert len(words) == len(set(words)) == 8 and set(words) <= set(RARE_WORDS)
+            # the question is the run's first three tokens, the answer its other five: the needle's very tokens
+            assert trial.tokens[trial.answer_start - 3 : trial.answer_start].tolist() == needle[:3]
+            assert trial.tokens[trial.answer_start :].tolist() == needle[3:]
+
+
 def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shakespeare_val):
     trials = passkey_trials(shakespeare_val, [20, 100, 300], n_trials=4, seed=0)
     scores = passkey_scores(InductionOracle(), trials, context=200, device=CPU, batch_tokens=1000)
@@ -248,9 +266,10 @@ def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shak
     assert scores[100]["accuracy"] == 1.0 and scores[100]["needle_in_context"] == 1.0
     assert scores[300]["accuracy"] == 0.0 and scores[300]["needle_in_context"] == 0.0
     assert scores[20]["key_loss"] < scores[300]["key_loss"]
-    identifier = passkey_trials(shakespeare_val, [20, 300], n_trials=4, seed=0, probe=PROBES["identifier"])
-    scores = passkey_scores(InductionOracle(), identifier, context=200, device=CPU, batch_tokens=1000)
-    assert scores[20]["accuracy"] == 1.0 and scores[300]["accuracy"] == 0.0
+    for probe in ("identifier", "repeat"):
+        copies = passkey_trials(shakespeare_val, [20, 300], n_trials=4, seed=0, probe=PROBES[probe])
+        scores = passkey_scores(InductionOracle(), copies, context=200, device=CPU, batch_tokens=1000)
+        assert scores[20]["accuracy"] == 1.0 and scores[300]["accuracy"] == 0.0, probe
 
 
 # --- context extension ---
@@ -623,6 +642,7 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
     assert set(evaluation["contexts"]) == {"64", "128", "256"} and set(evaluation["passkey"]) == {"16", "100"}
     assert evaluation["passkey"]["100"]["needle_in_context"] == 1.0
     assert set(evaluation["passkey_code"]) == set(evaluation["passkey_identifier"]) == {"16", "100"}
+    assert set(evaluation["passkey_repeat"]) == {"16", "100"}
     # Read in consecutive windows: at its own 256 tokens the extension reads each 256-target document in one window.
     assert evaluation["consecutive"]["loss"] == pytest.approx(losses.mean(), rel=1e-6)
     baseline = json.loads((runs / "evals" / "seed0" / "64.json").read_text())
@@ -646,6 +666,7 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
         "Mean loss of a key token",
         "## Passkey retrieval, code",
         "## Identifier copy",
+        "## Repeated words",
     )
     for section in sections:
         assert section in text

@@ -16,14 +16,17 @@ from tokens 0..i: i is the target's absolute position in the document.
 3. Passkey retrieval. A sentence holding a random five-digit key is put into held-out text, `distance` tokens of
    text before a question about it; the model is right if, teacher-forced, every token of the key is its most
    likely next token. Accuracy against distance shows how far back the model retrieves; a key more than the model's
-   context back is cut off and cannot be found. Three probes word the needle and the question. In English ("prose")
+   context back is cut off and cannot be found. Four probes word the needle and the question. In English ("prose")
    the question ends with the needle's own words, so copying what followed them answers it (an induction head
    can). As Python ("code": `PASS_KEY = <key>`, then `assert PASS_KEY ==`) it asks for the value bound to a name,
    which copying cannot answer. The third ("identifier") is the copy that source code itself asks for: a made-up
    snake_case name of five random words is assigned in the needle, and the question starts a line with its first
    two words; the answer is the rest of the name (`_w3_w4_w5`: six tokens, one per word and separator), as a
    later use of a rare identifier in a file continues it. A perfect induction head answers it, and no model can
-   without the needle.
+   without the needle. The fourth ("repeat") is the plainest copy: a run of eight distinct rare words (one token
+   each) stands in the text, and `distance` tokens later its first three words come again; the answer is the other
+   five. Every token of it follows its own earlier occurrence, with no separator between words that the text
+   around also uses, so it is the probe an induction head that reaches the needle passes most easily.
 """
 
 import itertools
@@ -41,13 +44,16 @@ from flashgpt.training.precision import autocast
 @dataclass(frozen=True)
 class Probe:
     """How a passkey trial words its needle, question and answer, each formatted with the key: a random five-digit
-    number (`key`), or with `words` > 0 a snake_case name of that many random words (`key`), split after its
-    second word into `head` and `tail`."""
+    number (`key`), or with `words` > 0 that many distinct random words of `vocabulary` joined by `separator`
+    (`key`), split after its first `head_words` into `head` and `tail` (the tail starting with a separator)."""
 
     needle: str
     question: str
     answer: str = " {key}"
     words: int = 0
+    vocabulary: tuple[str, ...] = ()
+    separator: str = "_"
+    head_words: int = 2
 
 
 # Lowercase words of one GPT-2 token each. In a snake_case name GPT-2's pre-tokenizer splits at every "_", so a
@@ -61,12 +67,23 @@ KEY_WORDS = (
     "hill", "lake", "moon", "star", "market", "doctor", "driver", "player", "hunter", "camera", "melon", "cookie",
 )  # fmt: skip
 
+# Nouns that are one GPT-2 token each after a space and rare in source code and in prose alike: in a run of them
+# every word is its own token, whose earlier occurrence is the needle.
+RARE_WORDS = (
+    "quartz", "lobster", "violin", "maple", "turtle", "lemon", "mango", "peach", "plum", "cherry", "olive", "ginger",
+    "almond", "velvet", "marble", "canyon", "glacier", "harbor", "lantern", "compass", "kettle", "ladder", "blanket",
+    "pillow", "candle", "violet", "crimson", "ivory", "coral", "amber", "pearl", "dolphin", "squid", "salmon",
+    "trout", "rabbit", "donkey", "camel", "raven", "owl", "goose", "frog", "snail", "beetle", "moth", "butterfly",
+    "piano", "trumpet", "guitar",
+)  # fmt: skip
+
 PROBES = {
     "prose": Probe(
         " The pass key is {key}. Remember it. {key} is the pass key.", " What is the pass key? The pass key is"
     ),
     "code": Probe("\nPASS_KEY = {key}  # the pass key\n", "\nassert PASS_KEY =="),
-    "identifier": Probe("\n{key} = None\n", "\n{head}", "{tail}", words=5),
+    "identifier": Probe("\n{key} = None\n", "\n{head}", "{tail}", words=5, vocabulary=KEY_WORDS),
+    "repeat": Probe(" {key}", " {head}", "{tail}", words=8, vocabulary=RARE_WORDS, separator=" ", head_words=3),
 }
 
 
@@ -74,8 +91,10 @@ def _keys(probe: Probe, rng: np.random.Generator, n: int) -> list[dict[str, str]
     """n random keys, as the fields the probe's texts are formatted with."""
     if not probe.words:
         return [{"key": str(key)} for key in rng.integers(10_000, 100_000, size=n)]
-    names = [[KEY_WORDS[i] for i in rng.choice(len(KEY_WORDS), size=probe.words, replace=False)] for _ in range(n)]
-    return [{"key": "_".join(w), "head": "_".join(w[:2]), "tail": "_" + "_".join(w[2:])} for w in names]
+    words = probe.vocabulary
+    runs = [[words[i] for i in rng.choice(len(words), size=probe.words, replace=False)] for _ in range(n)]
+    join, head = probe.separator.join, probe.head_words
+    return [{"key": join(w), "head": join(w[:head]), "tail": probe.separator + join(w[head:])} for w in runs]
 
 
 PASSKEY_PREFIX = 64  # tokens of text before the needle, so that it never sits at the document's start

@@ -219,7 +219,8 @@ def consecutive_table(spec: Spec, models: list[Model]) -> str | None:
 
 def passkey_table(models: list[Model], probe: str = "passkey", measure: str = "accuracy") -> str | None:
     """Accuracy (or the mean loss of a key token, `measure="key_loss"`) per distance of the probe's trials
-    (evaluation key `passkey`: prose, `passkey_code`: code, `passkey_identifier`: identifier)."""
+    (evaluation key `passkey`: prose, `passkey_code`: code, `passkey_identifier`: identifier, `passkey_repeat`:
+    repeated words)."""
     models = [m for m in models if probe in m.evaluation]
     if not models:
         return None
@@ -337,6 +338,7 @@ def reading(spec: Spec, models: list[Model]) -> list[str]:
             ("passkey", "passkey accuracy"),
             ("passkey_code", "passkey accuracy, code probe"),
             ("passkey_identifier", "identifier copy accuracy"),
+            ("passkey_repeat", "repeated-words copy accuracy"),
         ):
             if passkey := _mean_passkey(group, probe):
                 cells = ", ".join(f"d={d}: {acc:.2f}" for d, acc in passkey)
@@ -494,6 +496,16 @@ def build_report(results: Path) -> Path:
                 "Accuracy, then the mean loss of an answer token.",
                 identifier_probe,
                 passkey_table(models, "passkey_identifier", "key_loss"),
+            ]
+        if repeat_probe := passkey_table(models, "passkey_repeat"):
+            sections += [
+                "## Repeated words",
+                "The plainest copy: a run of eight distinct rare words (`quartz lobster violin …`, one token each) "
+                "stands in the text, and `distance` tokens later its first three words come again; the model is "
+                "right if it continues with the other five, each token its argmax (models evaluated before this "
+                "probe existed are absent). Accuracy, then the mean loss of an answer token.",
+                repeat_probe,
+                passkey_table(models, "passkey_repeat", "key_loss"),
             ]
         if domains := domain_table(spec, models):
             sections += ["## Code and prose", f"Loss at positions ≥ {_k(spec.eval.first_bin)}.", domains]
