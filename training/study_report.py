@@ -217,6 +217,36 @@ def consecutive_table(spec: Spec, models: list[Model]) -> str | None:
     return "\n".join(lines)
 
 
+# The later probes' report sections: (evaluation key, heading, what the trials ask).
+PROBE_SECTIONS = (
+    (
+        "passkey_code",
+        "## Passkey retrieval, code probe",
+        "The same trials worded as Python: the needle `PASS_KEY = <key>  # the pass key` on a line of its own, the "
+        "question `assert PASS_KEY ==`, which asks for the value bound to a name rather than for a copy of what "
+        "followed the question's own words (models evaluated before this probe existed are absent). Accuracy, then "
+        "the mean loss of a key token.",
+    ),
+    (
+        "passkey_identifier",
+        "## Identifier copy",
+        "The copy that source code asks for: the needle assigns a made-up name of five random words "
+        "(`flame_finger_stone_night_grass = None`), and `distance` tokens later a line starts with its first two "
+        "words; the model is right if it continues with the rest of the name (`_stone_night_grass`, six tokens), "
+        "each token its argmax (models evaluated before this probe existed are absent). Accuracy, then the mean "
+        "loss of an answer token.",
+    ),
+    (
+        "passkey_repeat",
+        "## Repeated words",
+        "The plainest copy: a run of eight distinct rare words (`quartz lobster violin …`, one token each) stands in "
+        "the text, and `distance` tokens later its first three words come again; the model is right if it continues "
+        "with the other five, each token its argmax (models evaluated before this probe existed are absent). "
+        "Accuracy, then the mean loss of an answer token.",
+    ),
+)
+
+
 def passkey_table(models: list[Model], probe: str = "passkey", measure: str = "accuracy") -> str | None:
     """Accuracy (or the mean loss of a key token, `measure="key_loss"`) per distance of the probe's trials
     (evaluation key `passkey`: prose, `passkey_code`: code, `passkey_identifier`: identifier, `passkey_repeat`:
@@ -476,37 +506,9 @@ def build_report(results: Path) -> Path:
             "token, and a model whose context cuts the needle off pays 9–10.",
             passkey_table(models, measure="key_loss"),
         ]
-        if code_probe := passkey_table(models, "passkey_code"):
-            sections += [
-                "## Passkey retrieval, code probe",
-                "The same trials worded as Python: the needle `PASS_KEY = <key>  # the pass key` on a line of its "
-                "own, the question `assert PASS_KEY ==`, which asks for the value bound to a name rather than for "
-                "a copy of what followed the question's own words (models evaluated before this probe existed are "
-                "absent). Accuracy, then the mean loss of a key token.",
-                code_probe,
-                passkey_table(models, "passkey_code", "key_loss"),
-            ]
-        if identifier_probe := passkey_table(models, "passkey_identifier"):
-            sections += [
-                "## Identifier copy",
-                "The copy that source code asks for: the needle assigns a made-up name of five random words "
-                "(`flame_finger_stone_night_grass = None`), and `distance` tokens later a line starts with its first "
-                "two words; the model is right if it continues with the rest of the name (`_stone_night_grass`, "
-                "six tokens), each token its argmax (models evaluated before this probe existed are absent). "
-                "Accuracy, then the mean loss of an answer token.",
-                identifier_probe,
-                passkey_table(models, "passkey_identifier", "key_loss"),
-            ]
-        if repeat_probe := passkey_table(models, "passkey_repeat"):
-            sections += [
-                "## Repeated words",
-                "The plainest copy: a run of eight distinct rare words (`quartz lobster violin …`, one token each) "
-                "stands in the text, and `distance` tokens later its first three words come again; the model is "
-                "right if it continues with the other five, each token its argmax (models evaluated before this "
-                "probe existed are absent). Accuracy, then the mean loss of an answer token.",
-                repeat_probe,
-                passkey_table(models, "passkey_repeat", "key_loss"),
-            ]
+        for probe, title, description in PROBE_SECTIONS:
+            if accuracy := passkey_table(models, probe):
+                sections += [title, description, accuracy, passkey_table(models, probe, "key_loss")]
         if domains := domain_table(spec, models):
             sections += ["## Code and prose", f"Loss at positions ≥ {_k(spec.eval.first_bin)}.", domains]
     sections += [
