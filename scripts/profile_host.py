@@ -9,7 +9,11 @@ With --mask the flash calls take a prebuilt mask (`flash_mask`, as a model step 
 T = 1024: four documents, or a random 30% block mask of 128-blocks.
 
 Stages (µs per call, the loop's wall time before the final sync: the GPU only trails the host here):
-forward without grad, forward with grad, fwd + autograd.grad, the backward operator body alone, and each launch.
+forward without grad, forward with grad, fwd + autograd.grad (also with every launch taking the full path,
+`launch_plans.ENABLED` off), the backward operator body alone, and each launch; then where autograd runs the
+backward: an empty autograd.Function, one whose backward makes the two split-backward launches, and flash and
+cuDNN, each on autograd's CUDA device thread (the default) and on the calling thread
+(`torch.autograd.set_multithreading_enabled(False)`), and two launches on a fresh Python thread.
 """
 
 from __future__ import annotations
