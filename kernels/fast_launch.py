@@ -133,7 +133,11 @@ class BoundLaunch:
 
     def __init__(self, run: Callable, grid: tuple, function, metadata, args: list, slots: Sequence[tuple[int, int]]):
         self.run, self.grid, self.function, self.metadata = run, grid, function, metadata
-        self.args, self.slots = args, tuple(slots)
+        self.slots = tuple(slots)
+        # The slots' values are filled in at every call: holding the binding call's would keep its tensors alive
+        # as long as the plan, and through an output's autograd graph the very mask whose plan table holds them.
+        filled = {position for position, _ in self.slots}
+        self.args = [None if i in filled else arg for i, arg in enumerate(args)]
 
     def __call__(self, values: Sequence, stream: int) -> None:
         """Launch on `stream` with args[position] = values[index] for each slot."""
