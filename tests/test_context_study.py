@@ -26,6 +26,7 @@ from flashgpt.training import jobs, study, study_plan, study_report
 from flashgpt.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate
 from flashgpt.training.context_eval import (
+    CHOICES,
     KEY_WORDS,
     PROBES,
     RARE_WORDS,
@@ -259,6 +260,32 @@ def test_the_repeat_probe_asks_for_the_rest_of_a_run_of_rare_words(shakespeare_v
             assert trial.tokens[trial.answer_start :].tolist() == needle[3:]
 
 
+@pytest.mark.parametrize("probe", list(PROBES))
+def test_each_trial_carries_distractors_of_the_answers_length_that_could_follow_its_question(shakespeare_val, probe):
+    trials = passkey_trials(shakespeare_val, [10, 200], n_trials=6, seed=0, probe=PROBES[probe])
+    again = passkey_trials(shakespeare_val, [10, 200], n_trials=6, seed=0, probe=PROBES[probe])
+    encoding = get_tokenizer()
+    for distance, group in trials.items():
+        for trial, same in zip(group, again[distance], strict=True):
+            answer = trial.tokens[trial.answer_start :]
+            assert trial.distractors.shape == (CHOICES - 1, len(answer))
+            assert np.array_equal(trial.distractors, same.distractors)  # fixed, like the trials
+            texts = [encoding.decode(row.tolist()) for row in (answer, *trial.distractors)]
+            assert len(set(texts)) == CHOICES  # every distractor differs from the answer and from the others
+            if PROBES[probe].words:  # the rest of a run: words of the vocabulary that the question has not used
+                separator, n_head = PROBES[probe].separator, PROBES[probe].head_words
+                head_tokens = n_head if separator == " " else 2 * n_head - 1  # a "_" is a token of its own
+                head = encoding.decode(trial.tokens[trial.answer_start - head_tokens : trial.answer_start].tolist())
+                head_words = {word.strip() for word in head.split(separator)} - {""}
+                assert len(head_words) == n_head and head_words <= set(PROBES[probe].vocabulary)
+                for text in texts:
+                    words = text.split(separator)[1:]
+                    assert len(words) == len(set(words)) == PROBES[probe].words - n_head
+                    assert set(words) <= set(PROBES[probe].vocabulary) and not set(words) & head_words
+            else:
+                assert all(len(text.strip()) == 5 and text.strip().isdigit() for text in texts)
+
+
 def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shakespeare_val):
     trials = passkey_trials(shakespeare_val, [20, 100, 300], n_trials=4, seed=0)
     scores = passkey_scores(InductionOracle(), trials, context=200, device=CPU, batch_tokens=1000)
@@ -266,10 +293,15 @@ def test_passkey_is_retrieved_exactly_when_the_needle_is_within_the_context(shak
     assert scores[100]["accuracy"] == 1.0 and scores[100]["needle_in_context"] == 1.0
     assert scores[300]["accuracy"] == 0.0 and scores[300]["needle_in_context"] == 0.0
     assert scores[20]["key_loss"] < scores[300]["key_loss"]
+    # The oracle finds the answer more likely than every distractor with the needle in view; cut off, it scores
+    # them all alike, and a tie is no choice.
+    assert scores[20]["choice_accuracy"] == scores[100]["choice_accuracy"] == 1.0
+    assert scores[300]["choice_accuracy"] == 0.0
     for probe in ("identifier", "repeat"):
         copies = passkey_trials(shakespeare_val, [20, 300], n_trials=4, seed=0, probe=PROBES[probe])
         scores = passkey_scores(InductionOracle(), copies, context=200, device=CPU, batch_tokens=1000)
         assert scores[20]["accuracy"] == 1.0 and scores[300]["accuracy"] == 0.0, probe
+        assert scores[20]["choice_accuracy"] == 1.0 and scores[300]["choice_accuracy"] == 0.0, probe
 
 
 # --- context extension ---
@@ -643,6 +675,7 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
     assert evaluation["passkey"]["100"]["needle_in_context"] == 1.0
     assert set(evaluation["passkey_code"]) == set(evaluation["passkey_identifier"]) == {"16", "100"}
     assert set(evaluation["passkey_repeat"]) == {"16", "100"}
+    assert all(0 <= score["choice_accuracy"] <= 1 for score in evaluation["passkey_repeat"].values())
     # Read in consecutive windows: at its own 256 tokens the extension reads each 256-target document in one window.
     assert evaluation["consecutive"]["loss"] == pytest.approx(losses.mean(), rel=1e-6)
     baseline = json.loads((runs / "evals" / "seed0" / "64.json").read_text())
@@ -667,9 +700,12 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
         "## Passkey retrieval, code",
         "## Identifier copy",
         "## Repeated words",
+        f"Choice accuracy: the share of trials where the model finds the answer strictly more likely than each of "
+        f"{CHOICES - 1} distractors",
     )
     for section in sections:
         assert section in text
+    assert "repeated-words copy choice accuracy (chance 0.10)" in text
     assert "read in consecutive windows of each model's own context" in text  # ext-256 against fixed-64
     for plot in ("loss_by_position.png", "context.png", "passkey.png"):
         assert matplotlib.image.imread(results / plot).shape[0] > 100

@@ -27,6 +27,11 @@ from tokens 0..i: i is the target's absolute position in the document.
    each) stands in the text, and `distance` tokens later its first three words come again; the answer is the other
    five. Every token of it follows its own earlier occurrence, with no separator between words that the text
    around also uses, so it is the probe an induction head that reaches the needle passes most easily.
+   Exact recall asks every answer token to be the model's argmax, which a small model that retrieves only part of
+   the key fails. Each trial therefore also carries CHOICES - 1 distractors, answers of other keys of the answer's
+   token length. "Choice accuracy" is the share of trials where the model finds the true answer strictly more
+   likely than every distractor, as multiple-choice evaluations score a model. A model that cannot see the needle
+   is at chance, 1 / CHOICES, and below it where it ties.
 """
 
 import itertools
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from flashgpt.data.tokenizer import EOT_ID, get_tokenizer
 from flashgpt.training.precision import autocast
@@ -97,7 +102,32 @@ def _keys(probe: Probe, rng: np.random.Generator, n: int) -> list[dict[str, str]
     return [{"key": join(w), "head": join(w[:head]), "tail": probe.separator + join(w[head:])} for w in runs]
 
 
+def _distractors(probe: Probe, key: dict[str, str], length: int, rng: np.random.Generator, encoding) -> np.ndarray:
+    """(CHOICES - 1, length) int64: the answers of other keys, each of the true answer's `length` tokens. A word
+    probe keeps the question's head words and draws the rest from the vocabulary without them, so a distractor
+    could follow the question as well as the answer does; a number key is any other five-digit number that
+    encodes to as many tokens."""
+    answers: list[list[int]] = []
+    while len(answers) < CHOICES - 1:
+        if probe.words:
+            head = key["head"].split(probe.separator)
+            pool = [word for word in probe.vocabulary if word not in head]
+            rest = [pool[i] for i in rng.choice(len(pool), size=probe.words - len(head), replace=False)]
+            other = {"tail": probe.separator + probe.separator.join(rest), "key": key["key"], "head": key["head"]}
+            if other["tail"] == key["tail"]:
+                continue
+        else:
+            other = {"key": str(rng.integers(10_000, 100_000))}
+            if other["key"] == key["key"]:
+                continue
+        tokens = encoding.encode_ordinary(probe.answer.format(**other))
+        if len(tokens) == length:
+            answers.append(tokens)
+    return np.asarray(answers, dtype=np.int64)
+
+
 PASSKEY_PREFIX = 64  # tokens of text before the needle, so that it never sits at the document's start
+CHOICES = 10  # the answer and nine distractors per trial: chance is 0.1
 
 
 @dataclass(frozen=True)
@@ -221,6 +251,7 @@ class PasskeyTrial:
     tokens: np.ndarray  # int64: <|endoftext|>, text, needle, `distance` tokens of text, question, answer
     answer_start: int  # index in tokens of the answer's first token (a number key takes 1 to 3 tokens)
     needle_start: int  # index in tokens of the needle's first token
+    distractors: np.ndarray  # (CHOICES - 1, answer length) int64: other keys' answers, scored in the answer's place
 
 
 def passkey_trials(
@@ -238,20 +269,22 @@ def passkey_trials(
                 f"needle comes from one document of {docs.length} targets"
             )
         rng = np.random.default_rng([seed, distance])
+        distractor_rng = np.random.default_rng([seed, distance, 1])  # its own stream: the trials stay as they were
         keys = _keys(probe, rng, n_trials)
         needles = [encoding.encode_ordinary(probe.needle.format(**key)) for key in keys]
         questions = [encoding.encode_ordinary(probe.question.format(**key)) for key in keys]
         answers = [encoding.encode_ordinary(probe.answer.format(**key)) for key in keys]
         longest = max(len(n) + len(q) + len(a) for n, q, a in zip(needles, questions, answers, strict=True))
         trials[distance] = []
-        for needle, question, answer in zip(needles, questions, answers, strict=True):
+        for key, needle, question, answer in zip(keys, needles, questions, answers, strict=True):
             before = PASSKEY_PREFIX + longest - len(needle) - len(question) - len(answer)
             doc = int(rng.integers(len(docs.doc_ids)))
             start = 1 + int(rng.integers(docs.length - before - distance + 1))  # past the <|endoftext|>
             text = docs.tokens[doc, start : start + before + distance]
             parts = [[EOT_ID], text[:before], needle, text[before:], question, answer]
             tokens = np.concatenate([np.asarray(part, dtype=np.int64) for part in parts])
-            trials[distance].append(PasskeyTrial(tokens, len(tokens) - len(answer), 1 + before))
+            distractors = _distractors(probe, key, len(answer), distractor_rng, encoding)
+            trials[distance].append(PasskeyTrial(tokens, len(tokens) - len(answer), 1 + before, distractors))
     return trials
 
 
@@ -260,8 +293,9 @@ def passkey_scores(
     model: nn.Module, trials: dict[int, list[PasskeyTrial]], context: int, device: torch.device, batch_tokens: int
 ) -> dict[int, dict[str, float | bool]]:
     """Per distance: accuracy (share of trials whose every key token is the argmax), the mean loss of a key token,
-    and the share of trials whose whole needle lies within the last `context` + 1 tokens the model is given (the
-    rest are cut off). Trials of one distance have one length (passkey_trials)."""
+    choice accuracy (share of trials whose answer the model finds strictly more likely than each of its
+    distractors), and the share of trials whose whole needle lies within the last `context` + 1 tokens the model
+    is given (the rest are cut off). Trials of one distance have one length (passkey_trials)."""
     was_training = model.training
     model.eval()
     scores = {}
@@ -271,21 +305,41 @@ def passkey_scores(
         answer_starts = torch.tensor([trial.answer_start - cut for trial in group])
         tail = int(answer_starts.min())  # the first target scored in any trial
         in_answer = torch.arange(tail, inputs.shape[1]) >= answer_starts[:, None]  # (n_trials, scored targets)
-        correct, key_losses = [], []
-        per_batch = max(1, batch_tokens // inputs.shape[1])
-        for batch, mask in zip(inputs.split(per_batch), in_answer.split(per_batch), strict=True):
-            batch = batch.to(device)
-            with autocast(device):
-                logits = _at_least_fp32(model(batch[:, :-1])[:, tail - 1 :])  # (b, scored targets, V)
-            targets, mask = batch[:, tail:], mask.to(device)
-            hit = (logits.argmax(-1) == targets) | ~mask
-            loss = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-            correct.append(hit.all(dim=1).cpu())
-            key_losses.append(((loss * mask).sum(1) / mask.sum(1)).cpu())
+        exact, key_losses, likelihoods = _score_answers(model, inputs, in_answer, tail, device, batch_tokens)
+        # The answer ends every trial: each distractor takes its place in a copy of the trial's inputs.
+        others = inputs.repeat_interleave(CHOICES - 1, dim=0)  # (n_trials · (CHOICES - 1), context + 1)
+        for i, trial in enumerate(group):
+            others[i * (CHOICES - 1) : (i + 1) * (CHOICES - 1), -trial.distractors.shape[1] :] = torch.from_numpy(
+                trial.distractors
+            )
+        in_other = in_answer.repeat_interleave(CHOICES - 1, dim=0)
+        _, _, other_likelihoods = _score_answers(model, others, in_other, tail, device, batch_tokens)
+        chosen = likelihoods > other_likelihoods.view(len(group), CHOICES - 1).max(dim=1).values
         scores[distance] = {
-            "accuracy": torch.cat(correct).double().mean().item(),
-            "key_loss": torch.cat(key_losses).double().mean().item(),
+            "accuracy": exact.double().mean().item(),
+            "key_loss": key_losses.mean().item(),
+            "choice_accuracy": chosen.double().mean().item(),
             "needle_in_context": float(np.mean([trial.needle_start >= cut for trial in group])),
         }
     model.train(was_training)
     return scores
+
+
+def _score_answers(
+    model: nn.Module, inputs: Tensor, in_answer: Tensor, tail: int, device: torch.device, batch_tokens: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row of inputs (n, L), whose answer tokens are the targets marked in in_answer (n, L - tail): whether every
+    answer token is the argmax, the mean loss of an answer token, and the answer's log-likelihood (float64)."""
+    exact, mean_losses, likelihoods = [], [], []
+    per_batch = max(1, batch_tokens // inputs.shape[1])
+    for batch, mask in zip(inputs.split(per_batch), in_answer.split(per_batch), strict=True):
+        batch = batch.to(device)
+        with autocast(device):
+            logits = _at_least_fp32(model(batch[:, :-1])[:, tail - 1 :])  # (b, scored targets, V)
+        targets, mask = batch[:, tail:], mask.to(device)
+        hit = (logits.argmax(-1) == targets) | ~mask
+        loss = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * mask
+        exact.append(hit.all(dim=1).cpu())
+        mean_losses.append((loss.sum(1) / mask.sum(1)).cpu())
+        likelihoods.append(-loss.double().sum(1).cpu())
+    return torch.cat(exact), torch.cat(mean_losses).double(), torch.cat(likelihoods)

@@ -26,6 +26,7 @@ matplotlib.use("Agg")  # no display on GPU boxes or CI
 import matplotlib.pyplot as plt
 import yaml
 
+from flashgpt.training.context_eval import CHOICES
 from flashgpt.training.study_plan import Recipe, Spec, current_plan, parse_spec, read_json, train_seconds
 
 CODE_SUFFIX = ".py"  # doc ids of source files end so (data/python_code.py); the rest of long_mix is prose
@@ -248,10 +249,10 @@ PROBE_SECTIONS = (
 
 
 def passkey_table(models: list[Model], probe: str = "passkey", measure: str = "accuracy") -> str | None:
-    """Accuracy (or the mean loss of a key token, `measure="key_loss"`) per distance of the probe's trials
-    (evaluation key `passkey`: prose, `passkey_code`: code, `passkey_identifier`: identifier, `passkey_repeat`:
-    repeated words)."""
-    models = [m for m in models if probe in m.evaluation]
+    """Accuracy (or the mean loss of a key token, `measure="key_loss"`, or the choice accuracy against distractors,
+    `"choice_accuracy"`) per distance of the probe's trials (evaluation key `passkey`: prose, `passkey_code`: code,
+    `passkey_identifier`: identifier, `passkey_repeat`: repeated words), for the models evaluated with it."""
+    models = [m for m in models if _has_measure(m, probe, measure)]
     if not models:
         return None
     distances = sorted({int(d) for m in models for d in m.evaluation[probe]})
@@ -373,15 +374,36 @@ def reading(spec: Spec, models: list[Model]) -> list[str]:
             if passkey := _mean_passkey(group, probe):
                 cells = ", ".join(f"d={d}: {acc:.2f}" for d, acc in passkey)
                 lines.append(f"  {words} (own context {_k(group[0].evaluation['seq_len'])}): {cells}.")
+            if chosen := _mean_passkey(group, probe, "choice_accuracy"):
+                cells = ", ".join(f"d={d}: {acc:.2f}" for d, acc in chosen)
+                lines.append(f"  {words.replace('accuracy', 'choice accuracy')} (chance {1 / CHOICES:.2f}): {cells}.")
     return lines
 
 
-def _mean_passkey(group: list[Model], probe: str = "passkey") -> list[tuple[int, float]]:
-    """Mean accuracy over the group's seeds per distance; empty unless every model was scored with the probe."""
-    if not all(probe in m.evaluation for m in group):
+def _has_measure(model: Model, probe: str, measure: str) -> bool:
+    """Whether the model was scored with the probe and this measure (choice accuracy is newer than the probes)."""
+    return probe in model.evaluation and all(measure in score for score in model.evaluation[probe].values())
+
+
+def _mean_passkey(group: list[Model], probe: str = "passkey", measure: str = "accuracy") -> list[tuple[int, float]]:
+    """Mean of a measure over the group's seeds per distance; empty unless every model was scored with it."""
+    if not all(_has_measure(m, probe, measure) for m in group):
         return []
     distances = sorted({int(d) for m in group for d in m.evaluation[probe]})
-    return [(d, statistics.fmean(m.evaluation[probe][str(d)]["accuracy"] for m in group)) for d in distances]
+    return [(d, statistics.fmean(m.evaluation[probe][str(d)][measure] for m in group)) for d in distances]
+
+
+def _choice_section(probe: str, models: list[Model]) -> list[str]:
+    """The probe's choice-accuracy table and what it measures, for the models scored with it."""
+    table = passkey_table(models, probe, "choice_accuracy")
+    if table is None:
+        return []
+    return [
+        f"Choice accuracy: the share of trials where the model finds the answer strictly more likely than each of "
+        f"{CHOICES - 1} distractors, other keys' answers of as many tokens (chance {1 / CHOICES:.2f}; models "
+        "evaluated before this measure existed are absent).",
+        table,
+    ]
 
 
 # --- plots ------------------------------------------------------------------------------------------------
@@ -506,9 +528,11 @@ def build_report(results: Path) -> Path:
             "token, and a model whose context cuts the needle off pays 9–10.",
             passkey_table(models, measure="key_loss"),
         ]
+        sections += _choice_section("passkey", models)
         for probe, title, description in PROBE_SECTIONS:
             if accuracy := passkey_table(models, probe):
                 sections += [title, description, accuracy, passkey_table(models, probe, "key_loss")]
+                sections += _choice_section(probe, models)
         if domains := domain_table(spec, models):
             sections += ["## Code and prose", f"Loss at positions ≥ {_k(spec.eval.first_bin)}.", domains]
     sections += [
