@@ -707,5 +707,5 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
         assert section in text
     assert "repeated-words copy choice accuracy (chance 0.10)" in text
     assert "read in consecutive windows of each model's own context" in text  # ext-256 against fixed-64
-    for plot in ("loss_by_position.png", "context.png", "passkey.png"):
+    for plot in ("loss_by_position.png", "context.png", "passkey.png", "passkey_choice.png"):
         assert matplotlib.image.imread(results / plot).shape[0] > 100

@@ -468,6 +468,26 @@ def plot_passkey(spec: Spec, models: list[Model], path: Path) -> None:
     _save(fig, path)
 
 
+def plot_passkey_choice(models: list[Model], path: Path) -> bool:
+    """Choice accuracy on the prose passkey per distance, one line per model scored with it; False if none was."""
+    scored = [m for m in models if _has_measure(m, "passkey", "choice_accuracy")]
+    if not scored:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for m in scored:
+        points = sorted((int(d), score["choice_accuracy"]) for d, score in m.evaluation["passkey"].items())
+        ax.plot([d for d, _ in points], [acc for _, acc in points], "o-", label=f"{m.recipe.name}, seed {m.seed}")
+    ax.axhline(1 / CHOICES, color="gray", linestyle="--", linewidth=1, label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("tokens between the passkey and the question")
+    ax.set_ylabel(f"choice accuracy (1 of {CHOICES})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return True
+
+
 # --- the report -------------------------------------------------------------------------------------------
 
 
@@ -529,6 +549,8 @@ def build_report(results: Path) -> Path:
             passkey_table(models, measure="key_loss"),
         ]
         sections += _choice_section("passkey", models)
+        if plot_passkey_choice(models, results / "passkey_choice.png"):
+            sections.append("![passkey choice accuracy](passkey_choice.png)")
         for probe, title, description in PROBE_SECTIONS:
             if accuracy := passkey_table(models, probe):
                 sections += [title, description, accuracy, passkey_table(models, probe, "key_loss")]
