@@ -90,6 +90,7 @@ PROBES = {
     "identifier": Probe("\n{key} = None\n", "\n{head}", "{tail}", words=5, vocabulary=KEY_WORDS),
     "repeat": Probe(" {key}", " {head}", "{tail}", words=8, vocabulary=RARE_WORDS, separator=" ", head_words=3),
 }
+CHOICES = 10  # a trial's answer and its nine distractors: chance is 0.1
 
 
 def _keys(probe: Probe, rng: np.random.Generator, n: int) -> list[dict[str, str]]:
@@ -113,7 +114,7 @@ def _distractors(probe: Probe, key: dict[str, str], length: int, rng: np.random.
             head = key["head"].split(probe.separator)
             pool = [word for word in probe.vocabulary if word not in head]
             rest = [pool[i] for i in rng.choice(len(pool), size=probe.words - len(head), replace=False)]
-            other = {"tail": probe.separator + probe.separator.join(rest), "key": key["key"], "head": key["head"]}
+            other = {**key, "tail": probe.separator + probe.separator.join(rest)}
             if other["tail"] == key["tail"]:
                 continue
         else:
@@ -127,7 +128,6 @@ def _distractors(probe: Probe, key: dict[str, str], length: int, rng: np.random.
 
 
 PASSKEY_PREFIX = 64  # tokens of text before the needle, so that it never sits at the document's start
-CHOICES = 10  # the answer and nine distractors per trial: chance is 0.1
 
 
 @dataclass(frozen=True)
@@ -309,9 +309,8 @@ def passkey_scores(
         # The answer ends every trial: each distractor takes its place in a copy of the trial's inputs.
         others = inputs.repeat_interleave(CHOICES - 1, dim=0)  # (n_trials · (CHOICES - 1), context + 1)
         for i, trial in enumerate(group):
-            others[i * (CHOICES - 1) : (i + 1) * (CHOICES - 1), -trial.distractors.shape[1] :] = torch.from_numpy(
-                trial.distractors
-            )
+            rows = slice(i * (CHOICES - 1), (i + 1) * (CHOICES - 1))
+            others[rows, -trial.distractors.shape[1] :] = torch.from_numpy(trial.distractors)
         in_other = in_answer.repeat_interleave(CHOICES - 1, dim=0)
         _, _, other_likelihoods = _score_answers(model, others, in_other, tail, device, batch_tokens)
         chosen = likelihoods > other_likelihoods.view(len(group), CHOICES - 1).max(dim=1).values

@@ -365,18 +365,18 @@ def reading(spec: Spec, models: list[Model]) -> list[str]:
                 + ", ".join(f"{d:+.4f}" for d in means)
                 + ")."
             )
-        for probe, words in (
-            ("passkey", "passkey accuracy"),
-            ("passkey_code", "passkey accuracy, code probe"),
-            ("passkey_identifier", "identifier copy accuracy"),
-            ("passkey_repeat", "repeated-words copy accuracy"),
+        for probe, exact, choice in (
+            ("passkey", "passkey accuracy", "passkey choice accuracy"),
+            ("passkey_code", "passkey accuracy, code probe", "passkey choice accuracy, code probe"),
+            ("passkey_identifier", "identifier copy accuracy", "identifier copy choice accuracy"),
+            ("passkey_repeat", "repeated-words copy accuracy", "repeated-words copy choice accuracy"),
         ):
             if passkey := _mean_passkey(group, probe):
                 cells = ", ".join(f"d={d}: {acc:.2f}" for d, acc in passkey)
-                lines.append(f"  {words} (own context {_k(group[0].evaluation['seq_len'])}): {cells}.")
+                lines.append(f"  {exact} (own context {_k(group[0].evaluation['seq_len'])}): {cells}.")
             if chosen := _mean_passkey(group, probe, "choice_accuracy"):
                 cells = ", ".join(f"d={d}: {acc:.2f}" for d, acc in chosen)
-                lines.append(f"  {words.replace('accuracy', 'choice accuracy')} (chance {1 / CHOICES:.2f}): {cells}.")
+                lines.append(f"  {choice} (chance {1 / CHOICES:.2f}): {cells}.")
     return lines
 
 
