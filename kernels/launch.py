@@ -20,9 +20,10 @@ from .flash_bwd import (
     flash_bwd_dq_kernel,
     flash_bwd_preprocess_kernel,
 )
+from .flash_bwd_dkdv_hopper import flash_bwd_dkdv_hopper_kernel
 from .flash_fwd import flash_fwd_kernel
 from .tile_schedule import FlashMask, TileKey, tile_key
-from .tuning import MIN_TILE, LaunchConfig, backward_schedule, launch_config
+from .tuning import MIN_TILE, LaunchConfig, backward_schedule, hopper_dkdv_config, launch_config
 
 LOG2E = math.log2(math.e)
 PREPROCESS_BLOCK_M = 128
@@ -282,16 +283,21 @@ def provide_tma_scratch() -> None:
     triton.set_allocator(_tma_scratch)
 
 
-def _use_tma(cfg: LaunchConfig, *tiles: torch.Tensor) -> bool:
-    """Whether a pass launched with cfg streams these (B, H, T, D) tensors' tiles through tensor descriptors: if
-    cfg asks for it and descriptors can address them (unit stride along D; every other stride and the base
-    address on 16-byte boundaries). The descriptors are built in the kernel, in scratch memory."""
-    if not cfg.tma:
-        return False
+def _descriptors_fit(*tiles: torch.Tensor) -> bool:
+    """Whether tensor descriptors can address these (B, H, T, D) tensors: unit stride along D, every other stride
+    and the base address on 16-byte boundaries."""
     for t in tiles:
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[:-1]):
             return False
+    return True
+
+
+def _use_tma(cfg: LaunchConfig, *tiles: torch.Tensor) -> bool:
+    """Whether a pass launched with cfg streams these tensors' tiles through tensor descriptors: if cfg asks for it
+    and descriptors fit them. The descriptors are built in the kernel, in scratch memory."""
+    if not cfg.tma or not _descriptors_fit(*tiles):
+        return False
     provide_tma_scratch()
     return True
 
@@ -368,6 +374,32 @@ def launch_dkdv(
         ONE_LOOP=one_loop("bwd_dkdv" if dq_reduce == "none" else "bwd_fused", masks, params.dropout, seq_len_k),
         DQ_REDUCE=dq_reduce, TMA=tma,
         **_flags(q, params, cfg, masks),
+    )  # fmt: skip
+
+
+def hopper_dkdv_launch_config(q, k, v, do, params: AttentionParams, masks: FlashMask) -> LaunchConfig | None:
+    """The configuration of the Gluon dK/dV pass (`flash_bwd_dkdv_hopper.py`) where the split backward should take
+    it instead of the Triton pass: on Hopper, outside the interpreter, dense and without dropout, bf16 or fp16,
+    tensors that descriptors fit, and a shape the table measured it faster for. Else None."""
+    if interpreting() or masks.any or params.dropout or q.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if not is_hopper(q.device) or not _descriptors_fit(q, k, v, do):
+        return None
+    return hopper_dkdv_config(q.shape[-1], dtype_name(q.dtype), params.causal, k.shape[2])
+
+
+def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> Launch:
+    """dk, dv (B, H, Tk, D) through the Gluon pass, at cfg (`hopper_dkdv_launch_config`); delta as the dQ pass
+    leaves it."""
+    batch, heads, seq_len_q, head_dim = q.shape
+    seq_len_k = k.shape[2]
+    provide_tma_scratch()
+    strides = [s for t in (q, k, v, do, dk, dv) for s in t.stride()[:3]]  # every D stride is 1
+    return _launch(
+        flash_bwd_dkdv_hopper_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk,
+        dv, *strides, heads, seq_len_q, seq_len_k, params.softmax_scale, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, CAUSAL=params.causal, num_warps=cfg.num_warps,
+        maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

@@ -44,6 +44,8 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
         launch.launch_forward(q, k, v, out["o"], out["lse"], params, cfg("fwd"))
 
     schedule = launch.backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, q.shape[2])
+    # The split backward's Gluon dK/dV pass, where this version has one and takes it for the shape.
+    hopper = getattr(launch, "hopper_dkdv_launch_config", lambda *args: None)(q, k, v, do, params, launch.NO_MASKS)
 
     def backward() -> None:
         if schedule == "fused":
@@ -53,12 +55,17 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
             launch.launch_dq_convert(dq_acc, out["dq"], params.softmax_scale)
         else:
             launch.launch_dq(q, k, v, do, out["lse"], delta, out["dq"], params, cfg("bwd_dq"), o=out["o"])
-            launch.launch_dkdv(q, k, v, do, out["lse"], delta, out["dk"], out["dv"], params, cfg("bwd_dkdv"))
+            if hopper is not None:
+                launch.launch_dkdv_hopper(q, k, v, do, out["lse"], delta, out["dk"], out["dv"], params, hopper)
+            else:
+                launch.launch_dkdv(q, k, v, do, out["lse"], delta, out["dk"], out["dv"], params, cfg("bwd_dkdv"))
 
     def forward_backward() -> None:
         forward()
         backward()
 
+    if schedule == "split" and hopper is not None:
+        schedule = "split, Gluon dK/dV"
     return {"fwd": forward, "bwd": backward, "fwd_bwd": forward_backward, "out": out, "schedule": schedule}
 
 

@@ -30,7 +30,9 @@ from triton.runtime import driver
 from flashgpt.kernels.tuning import LaunchConfig
 
 HOPPER = GPUTarget("cuda", 90, 32)
-PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
+TRITON_PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
+# bwd_dkdv_hopper: the Gluon dK/dV pass, at the table's configuration for the shape (dense, no dropout only).
+PASSES = (*TRITON_PASSES, "bwd_dkdv_hopper")
 MASKS = ("none", "window", "documents", "blocks")
 # Opcode families worth watching in an attention kernel: tensor-core products, the exp2 unit, fp32 arithmetic,
 # fp32 -> bf16 packing, shuffles (row reductions) and spills.
@@ -100,12 +102,19 @@ def compile_passes(
         return launch_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len, interpreting=False,
                              hopper=True)  # fmt: skip
 
-    masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in PASSES))
+    masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in TRITON_PASSES))
     for current in passes:
         if current == "fwd":
             launch.launch_forward(q, k, v, o, lse, params, cfg("fwd"), masks)
         elif current == "bwd_dq":
             launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o)
+        elif current == "bwd_dkdv_hopper":
+            from flashgpt.kernels.tuning import hopper_dkdv_config
+
+            hopper = hopper_dkdv_config(head_dim, "bfloat16", True, seq_len)
+            if hopper is None or dropout or mask != "none":
+                raise SystemExit(f"no Gluon dK/dV pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
+            launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, config or hopper)
         elif current == "bwd_dkdv":
             launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)
         else:

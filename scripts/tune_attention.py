@@ -284,11 +284,13 @@ def save(args: argparse.Namespace, table: dict, schedules: dict, log: list, star
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tuned = {"meta": meta, "configs": dict(sorted(table.items())), "backward": dict(sorted(schedules.items()))}
-    # Document masks' own backward choices were measured with masks, not by this tuner: carried over as they are.
+    # Sections this tuner does not measure are carried over as they are: document masks' own backward choices
+    # (measured with masks) and the Gluon dK/dV pass's entries (measured by its own A/B).
     existing = json.loads((args.out if args.out.exists() else TUNED_TABLE).read_text())
-    if documents := existing.get("backward_documents"):
-        tuned["backward_documents"] = documents
-        meta["backward_documents"] = existing.get("meta", {}).get("backward_documents")
+    for section in ("backward_documents", "bwd_dkdv_hopper"):
+        if entries := existing.get(section):
+            tuned[section] = entries
+            meta[section] = existing.get("meta", {}).get(section)
     args.out.write_text(json.dumps(tuned, indent=1) + "\n")
     if args.log:
         args.log.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from flashgpt.kernels.tuning import (
     _tuned_file,
     _tuned_table,
     backward_schedule,
+    hopper_dkdv_config,
     launch_config,
     seq_len_bucket,
     table_key,
@@ -120,3 +121,22 @@ def test_tuning_candidates_cover_every_native_head_dim(kernel_pass):
             cfg.validate(kernel_pass)
         default = launch_config(kernel_pass, head_dim, "bfloat16", True, False, 4096, interpreting=False, hopper=False)
         assert default in tried, f"{kernel_pass} D={head_dim}: default {default} is not a candidate"
+
+
+def test_the_gluon_dkdv_pass_is_taken_only_where_the_table_measured_it_faster():
+    """Dense, causal, without dropout, at the T buckets and head dims of the table's `bwd_dkdv_hopper` section
+    (fp16 sharing bf16's entries); never at a shape it does not list, e.g. T <= 2K where it measured slower."""
+    entries = _tuned_file()["bwd_dkdv_hopper"]
+    assert entries
+    for key, cfg in entries.items():
+        _, d, dtype, mask, drop, bucket = key.split("/")
+        assert (dtype, mask, drop) == ("bfloat16", "causal", "nodrop"), key
+        assert cfg["maxnreg"] and cfg["tma"], key  # two programs an SM; descriptor tiles
+        head_dim, seq_len = int(d[1:]), int(bucket[1:])
+        for dtype_name in ("bfloat16", "float16"):
+            assert hopper_dkdv_config(head_dim, dtype_name, True, seq_len) == LaunchConfig(**cfg), key
+        assert hopper_dkdv_config(head_dim, "bfloat16", False, seq_len) is None  # not measured without causality
+        assert hopper_dkdv_config(head_dim, "float32", True, seq_len) is None
+    assert hopper_dkdv_config(64, "bfloat16", True, 1024) is None
+    assert hopper_dkdv_config(64, "bfloat16", True, 2048) is None
+    assert hopper_dkdv_config(64, "bfloat16", True, 16384) is not None  # GPT-2's head dim at long T

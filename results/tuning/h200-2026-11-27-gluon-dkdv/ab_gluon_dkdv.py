@@ -24,6 +24,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashgpt.attention_reference import reference_attention
+from flashgpt.kernels import flash_bwd_dkdv_hopper  # the warp-specialised pass, kept
 from flashgpt.kernels.launch import (
     AttentionParams,
     launch_dkdv,
@@ -35,7 +36,10 @@ from flashgpt.kernels.launch import (
 from flashgpt.kernels.tuning import LaunchConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from flash_bwd_dkdv_hopper import flash_bwd_dkdv_hopper_kernel
+import flash_bwd_dkdv_one_warpgroup  # kept beside this script: the variant not kept
+
+# A configuration written "ws:..." runs the warp-specialised kernel (with its maxnreg), any other the first one.
+_WARP_SPECIALISED: set[str] = set()
 
 
 def gluon_dkdv(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> None:
@@ -43,10 +47,12 @@ def gluon_dkdv(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: La
     seq_len_k = k.shape[2]
     provide_tma_scratch()
     strides = [s for t in (q, k, v, do, dk, dv) for s in t.stride()[:3]]
-    flash_bwd_dkdv_hopper_kernel[(triton.cdiv(seq_len_k, cfg.block_n), batch * heads)](
+    module = flash_bwd_dkdv_hopper if str(cfg) in _WARP_SPECIALISED else flash_bwd_dkdv_one_warpgroup
+    options = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
+    module.flash_bwd_dkdv_hopper_kernel[(triton.cdiv(seq_len_k, cfg.block_n), batch * heads)](
         q, k, v, do, lse, delta, dk, dv, *strides, heads, seq_len_q, seq_len_k, params.softmax_scale,
         HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, CAUSAL=params.causal,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **options,
     )  # fmt: skip
 
 
@@ -110,7 +116,8 @@ def make_runs(configs, head_dim, q, k, v, do, o, dq, lse, delta, params) -> dict
     passes = {"triton dkdv": lambda: launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, tuned_dkdv)}
     for cfg in configs:
         if head_dim in cfg_head_dims(cfg):
-            passes[f"gluon dkdv {cfg}"] = lambda cfg=cfg: gluon_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg)
+            kind = "gluon-ws" if str(cfg) in _WARP_SPECIALISED else "gluon"
+            passes[f"{kind} dkdv {cfg}"] = lambda cfg=cfg: gluon_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg)
     runs = dict(passes)
     for name, run in passes.items():
         runs[name.replace("dkdv", "split bwd")] = lambda run=run: (
@@ -161,7 +168,10 @@ def main() -> None:
     configs = []
     for text in args.configs.split(";"):
         spec, _, dims = text.partition("@")
-        cfg = LaunchConfig.parse(spec)
+        warp_specialised = spec.startswith("ws:")
+        cfg = LaunchConfig.parse(spec.removeprefix("ws:"))
+        if warp_specialised:
+            _WARP_SPECIALISED.add(str(cfg))
         if dims:
             _HEAD_DIMS[str(cfg)] = [int(d) for d in dims.split(",")]
         configs.append(cfg)
