@@ -2,6 +2,7 @@
 is a valid configuration."""
 
 import pytest
+import torch
 import tune_attention  # scripts/tune_attention.py, on pytest's pythonpath
 
 from flashgpt.kernels.tuning import (
@@ -140,3 +141,42 @@ def test_the_gluon_dkdv_pass_is_taken_only_where_the_table_measured_it_faster():
     assert hopper_dkdv_config(64, "bfloat16", True, 1024) is None
     assert hopper_dkdv_config(64, "bfloat16", True, 2048) is None
     assert hopper_dkdv_config(64, "bfloat16", True, 16384) is not None  # GPT-2's head dim at long T
+
+
+def test_the_split_backward_takes_the_gluon_pass_only_for_dense_calls_without_dropout_that_descriptors_fit(
+    monkeypatch,
+):
+    """`launch.hopper_dkdv_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand
+    in, the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a
+    dense causal bf16 or fp16 call without dropout from 4K; None with a mask, dropout, fp32, a T the table does not
+    list, or tensors a tensor descriptor cannot address; None on other GPUs and in the interpreter."""
+    from dataclasses import replace
+
+    from flashgpt.kernels import launch
+
+    monkeypatch.setattr(launch, "is_hopper", lambda device: True)
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+
+    def decide(seq_len=4096, dtype=torch.bfloat16, dropout=0.0, masks=launch.NO_MASKS, layout=None):
+        q, k, v, do = (torch.zeros(1, 2, seq_len, 64, dtype=dtype) for _ in range(4))
+        if layout is not None:
+            q = layout(q)
+        params = launch.AttentionParams(True, dropout, 0.125)
+        return launch.hopper_dkdv_launch_config(q, k, v, do, params, masks)
+
+    expected = hopper_dkdv_config(64, "bfloat16", True, 4096)
+    assert expected is not None and decide() == expected
+    assert decide(dtype=torch.float16) == expected
+    assert decide(seq_len=16384) == hopper_dkdv_config(64, "bfloat16", True, 16384)
+    assert decide(seq_len=1024) is None
+    assert decide(dtype=torch.float32) is None
+    assert decide(dropout=0.1) is None
+    assert decide(masks=replace(launch.NO_MASKS, window_size=256)) is None
+    # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
+    assert decide(layout=lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)) is None
+    assert decide(layout=lambda t: torch.zeros(1, 2, t.shape[2], 68, dtype=t.dtype)[..., 2:66]) is None
+    monkeypatch.setattr(launch, "is_hopper", lambda device: False)
+    assert decide() is None
+    monkeypatch.setattr(launch, "is_hopper", lambda device: True)
+    monkeypatch.setattr(launch, "interpreting", lambda: True)
+    assert decide() is None
