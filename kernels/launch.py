@@ -13,17 +13,23 @@ import torch
 import triton
 
 from .dropout import keep_scale, keep_threshold
-from .fast_launch import BoundLaunch, FastLauncher
+from .fast_launch import TESTED_TRITON, BoundLaunch, FastLauncher
 from .flash_bwd import (
     flash_bwd_dkdv_kernel,
     flash_bwd_dq_convert_kernel,
     flash_bwd_dq_kernel,
     flash_bwd_preprocess_kernel,
 )
-from .flash_bwd_dkdv_hopper import flash_bwd_dkdv_hopper_kernel
 from .flash_fwd import flash_fwd_kernel
 from .tile_schedule import FlashMask, TileKey, tile_key
 from .tuning import MIN_TILE, LaunchConfig, backward_schedule, hopper_dkdv_config, launch_config
+
+# The Gluon dK/dV pass is written against the experimental Gluon API of the Triton release CI installs; with any
+# other release the split backward keeps the Triton pass.
+if triton.__version__.startswith(TESTED_TRITON):
+    from .flash_bwd_dkdv_hopper import flash_bwd_dkdv_hopper_kernel
+else:
+    flash_bwd_dkdv_hopper_kernel = None
 
 LOG2E = math.log2(math.e)
 PREPROCESS_BLOCK_M = 128
@@ -380,8 +386,10 @@ def launch_dkdv(
 def hopper_dkdv_launch_config(q, k, v, do, params: AttentionParams, masks: FlashMask) -> LaunchConfig | None:
     """The configuration of the Gluon dK/dV pass (`flash_bwd_dkdv_hopper.py`) where the split backward should take
     it instead of the Triton pass: on Hopper, outside the interpreter, dense and without dropout, bf16 or fp16,
-    tensors that descriptors fit, and a shape the table measured it faster for. Else None."""
-    if interpreting() or masks.any or params.dropout or q.dtype not in (torch.bfloat16, torch.float16):
+    tensors that descriptors fit, a shape the table measured it faster for, and the tested Triton. Else None."""
+    if flash_bwd_dkdv_hopper_kernel is None or interpreting() or masks.any or params.dropout:
+        return None
+    if q.dtype not in (torch.bfloat16, torch.float16):
         return None
     if not is_hopper(q.device) or not _descriptors_fit(q, k, v, do):
         return None

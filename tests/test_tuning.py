@@ -149,7 +149,8 @@ def test_the_split_backward_takes_the_gluon_pass_only_for_dense_calls_without_dr
     """`launch.hopper_dkdv_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand
     in, the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a
     dense causal bf16 or fp16 call without dropout from 4K; None with a mask, dropout, fp32, a T the table does not
-    list, or tensors a tensor descriptor cannot address; None on other GPUs and in the interpreter."""
+    list, or tensors a tensor descriptor cannot address; None on other GPUs, in the interpreter, and with a Triton
+    release other than the tested one (which imports no Gluon kernel)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -177,6 +178,10 @@ def test_the_split_backward_takes_the_gluon_pass_only_for_dense_calls_without_dr
     assert decide(layout=lambda t: torch.zeros(1, 2, t.shape[2], 68, dtype=t.dtype)[..., 2:66]) is None
     monkeypatch.setattr(launch, "is_hopper", lambda device: False)
     assert decide() is None
+    monkeypatch.setattr(launch, "is_hopper", lambda device: True)
+    monkeypatch.setattr(launch, "flash_bwd_dkdv_hopper_kernel", None)  # another Triton release: no Gluon pass
+    assert decide() is None
+    monkeypatch.undo()
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)
     monkeypatch.setattr(launch, "interpreting", lambda: True)
     assert decide() is None
