@@ -22,6 +22,7 @@ What Triton's compiler does not express, and this pass does:
   paths merge with its product in flight makes ptxas serialise every product of the kernel (warning C7515).
 
 Launched with maxnreg = 128 so that two programs share an SM; the producer's registers go to the consumer (232).
+BLOCK_M is a multiple of 32 (the producer's LSE/δ vector spans its 32 lanes), BLOCK_N of 16 × num_warps.
 Dense (no window, document or block mask), no dropout, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom
 right), any T: rows past T arrive as zeros with LSE = +inf, so their P is 0. The tensors must suit tensor
 descriptors (`launch.hopper_dkdv_config` checks). Gluon has no interpreter path: the CPU tests compile this pass for

@@ -133,6 +133,9 @@ def test_the_gluon_dkdv_pass_is_taken_only_where_the_table_measured_it_faster():
         _, d, dtype, mask, drop, bucket = key.split("/")
         assert (dtype, mask, drop) == ("bfloat16", "causal", "nodrop"), key
         assert cfg["maxnreg"] and cfg["tma"], key  # two programs an SM; descriptor tiles
+        # The producer warp loads a query tile's LSE and δ 32 lanes wide; the consumer's warps split the key rows
+        # 16 at a time.
+        assert cfg["block_m"] % 32 == 0 and cfg["block_n"] % (16 * cfg["num_warps"]) == 0, key
         head_dim, seq_len = int(d[1:]), int(bucket[1:])
         for dtype_name in ("bfloat16", "float16"):
             assert hopper_dkdv_config(head_dim, dtype_name, True, seq_len) == LaunchConfig(**cfg), key
