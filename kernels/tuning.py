@@ -140,8 +140,7 @@ def hopper_dkdv_config(head_dim: int, dtype: str, causal: bool, seq_len: int) ->
     """The launch configuration of the warp-specialised Gluon dK/dV pass (`flash_bwd_dkdv_hopper.py`, Hopper only,
     dense, no dropout) where the table measured it faster than the Triton pass for this shape, else None. Its
     `maxnreg` is the whole program's register cap."""
-    tuned_dtype = "bfloat16" if dtype == "float16" else dtype
-    key = table_key("bwd_dkdv_hopper", head_dim, tuned_dtype, causal, False, seq_len_bucket(seq_len))
+    key = table_key("bwd_dkdv_hopper", head_dim, dtype, causal, False, seq_len_bucket(seq_len))
     entry = _tuned_file().get("bwd_dkdv_hopper", {}).get(key)
     return LaunchConfig(**entry) if entry is not None else None
 

@@ -126,7 +126,8 @@ def test_tuning_candidates_cover_every_native_head_dim(kernel_pass):
 
 def test_the_gluon_dkdv_pass_is_taken_only_where_the_table_measured_it_faster():
     """Dense, causal, without dropout, at the T buckets and head dims of the table's `bwd_dkdv_hopper` section
-    (fp16 sharing bf16's entries); never at a shape it does not list, e.g. T <= 2K where it measured slower."""
+    (bf16, the dtype it was checked in on the GPU); never at a shape it does not list, e.g. T <= 2K where it
+    measured slower."""
     entries = _tuned_file()["bwd_dkdv_hopper"]
     assert entries
     for key, cfg in entries.items():
@@ -137,8 +138,8 @@ def test_the_gluon_dkdv_pass_is_taken_only_where_the_table_measured_it_faster():
         # 16 at a time.
         assert cfg["block_m"] % 32 == 0 and cfg["block_n"] % (16 * cfg["num_warps"]) == 0, key
         head_dim, seq_len = int(d[1:]), int(bucket[1:])
-        for dtype_name in ("bfloat16", "float16"):
-            assert hopper_dkdv_config(head_dim, dtype_name, True, seq_len) == LaunchConfig(**cfg), key
+        assert hopper_dkdv_config(head_dim, "bfloat16", True, seq_len) == LaunchConfig(**cfg), key
+        assert hopper_dkdv_config(head_dim, "float16", True, seq_len) is None
         assert hopper_dkdv_config(head_dim, "bfloat16", False, seq_len) is None  # not measured without causality
         assert hopper_dkdv_config(head_dim, "float32", True, seq_len) is None
     assert hopper_dkdv_config(64, "bfloat16", True, 1024) is None
@@ -151,7 +152,7 @@ def test_the_split_backward_takes_the_gluon_pass_only_for_dense_calls_without_dr
 ):
     """`launch.hopper_dkdv_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand
     in, the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a
-    dense causal bf16 or fp16 call without dropout from 4K; None with a mask, dropout, fp32, a T the table does not
+    dense causal bf16 call without dropout from 4K; None with a mask, dropout, fp16 or fp32, a T the table does not
     list, or tensors a tensor descriptor cannot address; None on other GPUs, in the interpreter, and with a Triton
     release other than the tested one (which imports no Gluon kernel)."""
     from dataclasses import replace
@@ -170,7 +171,7 @@ def test_the_split_backward_takes_the_gluon_pass_only_for_dense_calls_without_dr
 
     expected = hopper_dkdv_config(64, "bfloat16", True, 4096)
     assert expected is not None and decide() == expected
-    assert decide(dtype=torch.float16) == expected
+    assert decide(dtype=torch.float16) is None
     assert decide(seq_len=16384) == hopper_dkdv_config(64, "bfloat16", True, 16384)
     assert decide(seq_len=1024) is None
     assert decide(dtype=torch.float32) is None
