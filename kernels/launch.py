@@ -386,8 +386,8 @@ def launch_dkdv(
 def hopper_dkdv_launch_config(q, k, v, do, params: AttentionParams, masks: FlashMask) -> LaunchConfig | None:
     """The configuration of the Gluon dK/dV pass (`flash_bwd_dkdv_hopper.py`) where the split backward should take
     it instead of the Triton pass: on Hopper, outside the interpreter, dense and without dropout, bf16 (the dtype it
-    was checked and timed in on the GPU),
-    tensors that descriptors fit, a shape the table measured it faster for, and the tested Triton. Else None."""
+    was checked and timed in on the GPU), tensors that descriptors fit, a shape the table measured it faster for,
+    and the tested Triton. Else None."""
     if flash_bwd_dkdv_hopper_kernel is None or interpreting() or masks.any or params.dropout:
         return None
     if q.dtype != torch.bfloat16:
