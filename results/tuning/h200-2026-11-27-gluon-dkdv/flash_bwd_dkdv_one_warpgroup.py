@@ -31,24 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.runtime.jit import constexpr_function
 
-LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-
-
-@constexpr_function
-def _mma_layout(num_warps, n):
-    """The accumulator layout of a warpgroup product with n columns: warps split its rows (the key rows of every
-    product here: Sᵀ, dPᵀ are (BLOCK_N, BLOCK_M), dK, dV (BLOCK_N, HEAD_DIM))."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
-
-
-@gluon.jit
-def _head_desc(base, b, h, stride_b, stride_h, stride_t, rows, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
-    """A tensor descriptor of one head's (rows, HEAD_DIM) matrix, in tiles of (BLOCK, HEAD_DIM)."""
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, HEAD_DIM], base.dtype.element_ty)
-    start = base + b.to(gl.int64) * stride_b + h.to(gl.int64) * stride_h
-    return tma.make_tensor_descriptor(start, [rows, HEAD_DIM], [stride_t, 1], [BLOCK, HEAD_DIM], layout)
+from flashgpt.kernels.flash_bwd_dkdv_hopper import LOG2E, _head_desc, _mma_layout  # shared with the kept pass
 
 
 @gluon.jit
