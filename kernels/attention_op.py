@@ -49,13 +49,14 @@ from .launch import (
     NO_MASKS,
     AttentionParams,
     backward_schedule_for,
-    hopper_dkdv_launch_config,
+    hopper_launch_config,
     interpreting,
     is_hopper,
     launch_dkdv,
     launch_dkdv_hopper,
     launch_dq,
     launch_dq_convert,
+    launch_dq_hopper,
     launch_forward,
     launch_preprocess,
     launch_tiles,
@@ -457,8 +458,11 @@ def _attention_backward(
             ]  # fmt: skip
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
-        dq_launch = launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o, dlse=dlse)
-        if (hopper := hopper_dkdv_launch_config(q, k, v, do, params, masks)) is not None:
+        if (hopper := hopper_launch_config("bwd_dq_hopper", q, k, v, o, do, params, masks)) is not None:
+            dq_launch = launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params, hopper)
+        else:
+            dq_launch = launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o, dlse=dlse)
+        if (hopper := hopper_launch_config("bwd_dkdv_hopper", q, k, v, o, do, params, masks)) is not None:
             return [dq_launch, launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, hopper)]
         return [dq_launch, launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)]
 

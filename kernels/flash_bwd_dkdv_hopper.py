@@ -25,7 +25,7 @@ Launched with maxnreg = 128 so that two programs share an SM; the producer's reg
 BLOCK_M is a multiple of 32 (the producer's LSE/δ vector spans its 32 lanes), BLOCK_N of 16 × num_warps.
 Dense (no window, document or block mask), no dropout, bf16 (fp16 would compile alike, but is not checked on a
 GPU, so it is not taken), Tq ≤ Tk (causal: aligned to the bottom right), any T: rows past T arrive as zeros with
-LSE = +inf, so their P is 0. The tensors must suit tensor descriptors (`launch.hopper_dkdv_launch_config` checks).
+LSE = +inf, so their P is 0. The tensors must suit tensor descriptors (`launch.hopper_launch_config` checks).
 Gluon has no interpreter path: the CPU tests compile this pass for sm_90a (`tests/test_kernel_codegen.py`), and
 `scripts/bench_attention.py` checks it against the reference on the GPU; same-process A/B and history:
 `results/tuning/h200-2026-11-27-gluon-dkdv/`.
@@ -40,23 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.runtime.jit import constexpr_function
 
-LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-
-
-@constexpr_function
-def _mma_layout(num_warps, n):
-    """The accumulator layout of a warpgroup product with n columns: warps split its (key) rows."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
-
-
-@gluon.jit
-def _head_desc(base, b, h, stride_b, stride_h, stride_t, rows, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
-    """A tensor descriptor of one head's (rows, HEAD_DIM) matrix, in tiles of (BLOCK, HEAD_DIM)."""
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, HEAD_DIM], base.dtype.element_ty)
-    start = base + b.to(gl.int64) * stride_b + h.to(gl.int64) * stride_h
-    return tma.make_tensor_descriptor(start, [rows, HEAD_DIM], [stride_t, 1], [BLOCK, HEAD_DIM], layout)
+from .gluon_common import LOG2E, head_desc, mma_layout
 
 
 @gluon.jit
@@ -93,8 +78,8 @@ def _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, MASKED: gl.c
     BLOCK_M: gl.constexpr = q_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_ring.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
-    s_layout: gl.constexpr = _mma_layout(gl.num_warps(), BLOCK_M)
-    acc_layout: gl.constexpr = _mma_layout(gl.num_warps(), HEAD_DIM)
+    s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
+    acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
 
@@ -132,8 +117,8 @@ def _consumer(kv, kv_ready, ring, lo, n_tiles, n_masked, outs, start_n, shift, q
     dk_ptrs, dv_ptrs, stride_dkt, stride_dvt, seq_len_k, softmax_scale = outs
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
-    s_layout: gl.constexpr = _mma_layout(gl.num_warps(), ring[2].shape[1])
-    acc_layout: gl.constexpr = _mma_layout(gl.num_warps(), HEAD_DIM)
+    s_layout: gl.constexpr = mma_layout(gl.num_warps(), ring[2].shape[1])
+    acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
@@ -198,10 +183,10 @@ def flash_bwd_dkdv_hopper_kernel(
     b = bh // n_heads
     h = bh % n_heads
     start_n = gl.program_id(0) * BLOCK_N
-    q_desc = _head_desc(Q, b, h, stride_qb, stride_qh, stride_qt, seq_len_q, HEAD_DIM, BLOCK_M)
-    do_desc = _head_desc(DO, b, h, stride_dob, stride_doh, stride_dot, seq_len_q, HEAD_DIM, BLOCK_M)
-    k_desc = _head_desc(K, b, h, stride_kb, stride_kh, stride_kt, seq_len_k, HEAD_DIM, BLOCK_N)
-    v_desc = _head_desc(V, b, h, stride_vb, stride_vh, stride_vt, seq_len_k, HEAD_DIM, BLOCK_N)
+    q_desc = head_desc(Q, b, h, stride_qb, stride_qh, stride_qt, seq_len_q, HEAD_DIM, BLOCK_M)
+    do_desc = head_desc(DO, b, h, stride_dob, stride_doh, stride_dot, seq_len_q, HEAD_DIM, BLOCK_M)
+    k_desc = head_desc(K, b, h, stride_kb, stride_kh, stride_kt, seq_len_k, HEAD_DIM, BLOCK_N)
+    v_desc = head_desc(V, b, h, stride_vb, stride_vh, stride_vt, seq_len_k, HEAD_DIM, BLOCK_N)
 
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)

@@ -22,14 +22,15 @@ from .flash_bwd import (
 )
 from .flash_fwd import flash_fwd_kernel
 from .tile_schedule import FlashMask, TileKey, tile_key
-from .tuning import MIN_TILE, LaunchConfig, backward_schedule, hopper_dkdv_config, launch_config
+from .tuning import MIN_TILE, LaunchConfig, backward_schedule, hopper_config, launch_config
 
-# The Gluon dK/dV pass is written against the experimental Gluon API of the Triton release CI installs; with any
-# other release the split backward keeps the Triton pass.
+# The Gluon passes are written against the experimental Gluon API of the Triton release CI installs; with any
+# other release the split backward keeps the Triton passes.
 if triton.__version__.startswith(TESTED_TRITON):
     from .flash_bwd_dkdv_hopper import flash_bwd_dkdv_hopper_kernel
+    from .flash_bwd_dq_hopper import flash_bwd_dq_hopper_kernel
 else:
-    flash_bwd_dkdv_hopper_kernel = None
+    flash_bwd_dkdv_hopper_kernel = flash_bwd_dq_hopper_kernel = None
 
 LOG2E = math.log2(math.e)
 PREPROCESS_BLOCK_M = 128
@@ -383,23 +384,42 @@ def launch_dkdv(
     )  # fmt: skip
 
 
-def hopper_dkdv_launch_config(q, k, v, do, params: AttentionParams, masks: FlashMask) -> LaunchConfig | None:
-    """The configuration of the Gluon dK/dV pass (`flash_bwd_dkdv_hopper.py`) where the split backward should take
-    it instead of the Triton pass: on Hopper, outside the interpreter, dense and without dropout, bf16 (the dtype it
-    was checked and timed in on the GPU), tensors that descriptors fit, a shape the table measured it faster for,
-    and the tested Triton. Else None."""
-    if flash_bwd_dkdv_hopper_kernel is None or interpreting() or masks.any or params.dropout:
+def hopper_launch_config(
+    kernel_pass: str, q, k, v, o, do, params: AttentionParams, masks: FlashMask
+) -> LaunchConfig | None:
+    """The configuration of the Gluon pass `kernel_pass` ("bwd_dq_hopper": `flash_bwd_dq_hopper.py`,
+    "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`) where the split backward should take it instead of the Triton
+    pass: on Hopper, outside the interpreter, dense and without dropout, bf16 (the dtype it was checked and timed in
+    on the GPU), tensors that descriptors fit, a shape the table measured it faster for, and the tested Triton.
+    Else None."""
+    kernel = flash_bwd_dq_hopper_kernel if kernel_pass == "bwd_dq_hopper" else flash_bwd_dkdv_hopper_kernel
+    if kernel is None or interpreting() or masks.any or params.dropout:
         return None
     if q.dtype != torch.bfloat16:
         return None
-    if not is_hopper(q.device) or not _descriptors_fit(q, k, v, do):
+    if not is_hopper(q.device) or not _descriptors_fit(q, k, v, o, do):
         return None
-    return hopper_dkdv_config(q.shape[-1], dtype_name(q.dtype), params.causal, k.shape[2])
+    return hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, k.shape[2])
+
+
+def launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params: AttentionParams, cfg: LaunchConfig) -> Launch:
+    """dq (B, H, Tq, D) through the Gluon pass, at cfg (`hopper_launch_config`), which also writes delta =
+    rowsum(dO ∘ O) − dlse for the dK/dV pass, as `launch_dq` does given o. dq must have unit stride along D."""
+    batch, heads, seq_len_q, head_dim = q.shape
+    seq_len_k = k.shape[2]
+    provide_tma_scratch()
+    strides = [s for t in (q, k, v, do, o, dq) for s in t.stride()[:3]]  # every D stride is 1
+    return _launch(
+        flash_bwd_dq_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta,
+        dq, *strides, heads, seq_len_q, seq_len_k, params.softmax_scale, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, CAUSAL=params.causal, num_warps=cfg.num_warps,
+        maxnreg=cfg.maxnreg,
+    )  # fmt: skip
 
 
 def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> Launch:
-    """dk, dv (B, H, Tk, D) through the Gluon pass, at cfg (`hopper_dkdv_launch_config`); delta as the dQ pass
-    leaves it."""
+    """dk, dv (B, H, Tk, D) through the Gluon pass, at cfg (`hopper_launch_config`); delta as the dQ pass leaves
+    it."""
     batch, heads, seq_len_q, head_dim = q.shape
     seq_len_k = k.shape[2]
     provide_tma_scratch()

@@ -136,12 +136,15 @@ def backward_schedule(
     return table.get("backward", {}).get(key, "split")
 
 
-def hopper_dkdv_config(head_dim: int, dtype: str, causal: bool, seq_len: int) -> LaunchConfig | None:
-    """The launch configuration of the warp-specialised Gluon dK/dV pass (`flash_bwd_dkdv_hopper.py`, Hopper only,
-    dense, no dropout) where the table measured it faster than the Triton pass for this shape, else None. Its
+HOPPER_PASSES = ("bwd_dq_hopper", "bwd_dkdv_hopper")  # the Gluon passes (`flash_bwd_*_hopper.py`): tables of their own
+
+
+def hopper_config(kernel_pass: str, head_dim: int, dtype: str, causal: bool, seq_len: int) -> LaunchConfig | None:
+    """The launch configuration of the warp-specialised Gluon pass `kernel_pass` (one of HOPPER_PASSES: Hopper
+    only, dense, no dropout) where the table measured it faster than the Triton pass for this shape, else None. Its
     `maxnreg` is the whole program's register cap."""
-    key = table_key("bwd_dkdv_hopper", head_dim, dtype, causal, False, seq_len_bucket(seq_len))
-    entry = _tuned_file().get("bwd_dkdv_hopper", {}).get(key)
+    key = table_key(kernel_pass, head_dim, dtype, causal, False, seq_len_bucket(seq_len))
+    entry = _tuned_file().get(kernel_pass, {}).get(key)
     return LaunchConfig(**entry) if entry is not None else None
 
 

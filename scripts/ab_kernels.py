@@ -30,6 +30,19 @@ from flashgpt.kernels import launch as current_launch
 PASSES = ("fwd", "bwd", "fwd_bwd")
 
 
+def hopper_configs(launch: ModuleType, q, k, v, o, do, params) -> tuple:
+    """(dQ, dK/dV) configurations of the split backward's Gluon passes where this version has them and takes them
+    for the shape, else None each (versions before the Gluon dQ pass had only the dK/dV one)."""
+    if hasattr(launch, "hopper_launch_config"):
+        return tuple(
+            launch.hopper_launch_config(p, q, k, v, o, do, params, launch.NO_MASKS)
+            for p in ("bwd_dq_hopper", "bwd_dkdv_hopper")
+        )
+    if hasattr(launch, "hopper_dkdv_launch_config"):
+        return None, launch.hopper_dkdv_launch_config(q, k, v, do, params, launch.NO_MASKS)
+    return None, None
+
+
 def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
     """Closures running each pass with this version's launch functions; outputs land in the returned dict."""
     out = {name: torch.empty_like(q) for name in ("o", "dq", "dk", "dv")}
@@ -44,8 +57,7 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
         launch.launch_forward(q, k, v, out["o"], out["lse"], params, cfg("fwd"))
 
     schedule = launch.backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, q.shape[2])
-    # The split backward's Gluon dK/dV pass, where this version has one and takes it for the shape.
-    hopper = getattr(launch, "hopper_dkdv_launch_config", lambda *args: None)(q, k, v, do, params, launch.NO_MASKS)
+    hopper_dq, hopper = hopper_configs(launch, q, k, v, out["o"], do, params)
 
     def backward() -> None:
         if schedule == "fused":
@@ -54,7 +66,10 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
                                dq_acc=dq_acc, dq_reduce="tma")  # fmt: skip
             launch.launch_dq_convert(dq_acc, out["dq"], params.softmax_scale)
         else:
-            launch.launch_dq(q, k, v, do, out["lse"], delta, out["dq"], params, cfg("bwd_dq"), o=out["o"])
+            if hopper_dq is not None:
+                launch.launch_dq_hopper(q, k, v, do, out["o"], out["lse"], None, delta, out["dq"], params, hopper_dq)
+            else:
+                launch.launch_dq(q, k, v, do, out["lse"], delta, out["dq"], params, cfg("bwd_dq"), o=out["o"])
             if hopper is not None:
                 launch.launch_dkdv_hopper(q, k, v, do, out["lse"], delta, out["dk"], out["dv"], params, hopper)
             else:
@@ -64,8 +79,9 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
         forward()
         backward()
 
-    if schedule == "split" and hopper is not None:
-        schedule = "split, Gluon dK/dV"
+    if schedule == "split" and (hopper_dq, hopper) != (None, None):
+        gluon = [name for name, c in (("dQ", hopper_dq), ("dK/dV", hopper)) if c is not None]
+        schedule = f"split, Gluon {' and '.join(gluon)}"
     return {"fwd": forward, "bwd": backward, "fwd_bwd": forward_backward, "out": out, "schedule": schedule}
 
 

@@ -27,12 +27,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
-from flashgpt.kernels.tuning import LaunchConfig
+from flashgpt.kernels.tuning import HOPPER_PASSES, LaunchConfig
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TRITON_PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
-# bwd_dkdv_hopper: the Gluon dK/dV pass, at the table's configuration for the shape (dense, no dropout only).
-PASSES = (*TRITON_PASSES, "bwd_dkdv_hopper")
+# bwd_dq_hopper, bwd_dkdv_hopper: the Gluon passes, at the table's configuration for the shape (dense, no dropout
+# only).
+PASSES = (*TRITON_PASSES, *HOPPER_PASSES)
 MASKS = ("none", "window", "documents", "blocks")
 # Opcode families worth watching in an attention kernel: tensor-core products, the exp2 unit, fp32 arithmetic,
 # fp32 -> bf16 packing, shuffles (row reductions) and spills.
@@ -108,13 +109,16 @@ def compile_passes(
             launch.launch_forward(q, k, v, o, lse, params, cfg("fwd"), masks)
         elif current == "bwd_dq":
             launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o)
-        elif current == "bwd_dkdv_hopper":
-            from flashgpt.kernels.tuning import hopper_dkdv_config
+        elif current in HOPPER_PASSES:
+            from flashgpt.kernels.tuning import hopper_config
 
-            hopper = hopper_dkdv_config(head_dim, "bfloat16", True, seq_len)
+            hopper = hopper_config(current, head_dim, "bfloat16", True, seq_len)
             if hopper is None or dropout or mask != "none":
-                raise SystemExit(f"no Gluon dK/dV pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
-            launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, config or hopper)
+                raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
+            if current == "bwd_dq_hopper":
+                launch.launch_dq_hopper(q, k, v, do, o, lse, None, delta, dq, params, config or hopper)
+            else:
+                launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, config or hopper)
         elif current == "bwd_dkdv":
             launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)
         else:

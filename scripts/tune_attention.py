@@ -33,7 +33,7 @@ from flashgpt.kernels.launch import (
     launch_forward,
     launch_preprocess,
 )
-from flashgpt.kernels.tuning import NATIVE_HEAD_DIMS, TUNED_TABLE, LaunchConfig, table_key
+from flashgpt.kernels.tuning import HOPPER_PASSES, NATIVE_HEAD_DIMS, TUNED_TABLE, LaunchConfig, table_key
 
 CANDIDATES: dict[str, list[LaunchConfig]] = {
     "fwd": [
@@ -285,9 +285,9 @@ def save(args: argparse.Namespace, table: dict, schedules: dict, log: list, star
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tuned = {"meta": meta, "configs": dict(sorted(table.items())), "backward": dict(sorted(schedules.items()))}
     # Sections this tuner does not measure are carried over as they are: document masks' own backward choices
-    # (measured with masks) and the Gluon dK/dV pass's entries (measured by its own A/B).
+    # (measured with masks) and the Gluon passes' entries (measured by their own A/Bs).
     existing = json.loads((args.out if args.out.exists() else TUNED_TABLE).read_text())
-    for section in ("backward_documents", "bwd_dkdv_hopper"):
+    for section in ("backward_documents", *HOPPER_PASSES):
         if entries := existing.get(section):
             tuned[section] = entries
             meta[section] = existing.get("meta", {}).get(section)

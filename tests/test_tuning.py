@@ -7,6 +7,7 @@ import tune_attention  # scripts/tune_attention.py, on pytest's pythonpath
 
 from flashgpt.kernels.tuning import (
     _DEFAULTS,
+    HOPPER_PASSES,
     NATIVE_HEAD_DIMS,
     PASSES,
     SEQ_LEN_BUCKETS,
@@ -14,7 +15,7 @@ from flashgpt.kernels.tuning import (
     _tuned_file,
     _tuned_table,
     backward_schedule,
-    hopper_dkdv_config,
+    hopper_config,
     launch_config,
     seq_len_bucket,
     table_key,
@@ -124,37 +125,47 @@ def test_tuning_candidates_cover_every_native_head_dim(kernel_pass):
         assert default in tried, f"{kernel_pass} D={head_dim}: default {default} is not a candidate"
 
 
-def test_the_gluon_dkdv_pass_is_taken_only_where_the_table_measured_it_faster():
-    """Dense, causal, without dropout, at the T buckets and head dims of the table's `bwd_dkdv_hopper` section
-    (bf16, the dtype it was checked in on the GPU); never at a shape it does not list, e.g. T <= 2K where it
-    measured slower."""
-    entries = _tuned_file()["bwd_dkdv_hopper"]
+# What each Gluon pass's tiles must divide: the dK/dV pass's producer warp loads a query tile's LSE and δ 32 lanes
+# wide, and its consumer's warps split the key rows 16 at a time; the dQ pass's warps split the query rows.
+_TILE_UNITS = {
+    "bwd_dkdv_hopper": lambda cfg: (32, 16 * cfg["num_warps"]),
+    "bwd_dq_hopper": lambda cfg: (16 * cfg["num_warps"], 16),
+}
+
+
+@pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
+def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pass):
+    """Dense, causal, without dropout, at the T buckets and head dims of the table's section for the pass (bf16,
+    the dtype it was checked in on the GPU); never at a shape it does not list, e.g. T <= 2K where both measured
+    slower or even."""
+    entries = _tuned_file()[kernel_pass]
     assert entries
     for key, cfg in entries.items():
-        _, d, dtype, mask, drop, bucket = key.split("/")
-        assert (dtype, mask, drop) == ("bfloat16", "causal", "nodrop"), key
+        name, d, dtype, mask, drop, bucket = key.split("/")
+        assert (name, dtype, mask, drop) == (kernel_pass, "bfloat16", "causal", "nodrop"), key
         assert cfg["maxnreg"] and cfg["tma"], key  # two programs an SM; descriptor tiles
-        # The producer warp loads a query tile's LSE and δ 32 lanes wide; the consumer's warps split the key rows
-        # 16 at a time.
-        assert cfg["block_m"] % 32 == 0 and cfg["block_n"] % (16 * cfg["num_warps"]) == 0, key
+        unit_m, unit_n = _TILE_UNITS[kernel_pass](cfg)
+        assert cfg["block_m"] % unit_m == 0 and cfg["block_n"] % unit_n == 0, key
         head_dim, seq_len = int(d[1:]), int(bucket[1:])
-        assert hopper_dkdv_config(head_dim, "bfloat16", True, seq_len) == LaunchConfig(**cfg), key
-        assert hopper_dkdv_config(head_dim, "float16", True, seq_len) is None
-        assert hopper_dkdv_config(head_dim, "bfloat16", False, seq_len) is None  # not measured without causality
-        assert hopper_dkdv_config(head_dim, "float32", True, seq_len) is None
-    assert hopper_dkdv_config(64, "bfloat16", True, 1024) is None
-    assert hopper_dkdv_config(64, "bfloat16", True, 2048) is None
-    assert hopper_dkdv_config(64, "bfloat16", True, 16384) is not None  # GPT-2's head dim at long T
+        assert hopper_config(kernel_pass, head_dim, "bfloat16", True, seq_len) == LaunchConfig(**cfg), key
+        assert hopper_config(kernel_pass, head_dim, "float16", True, seq_len) is None
+        assert hopper_config(kernel_pass, head_dim, "bfloat16", False, seq_len) is None  # not measured non-causal
+        assert hopper_config(kernel_pass, head_dim, "float32", True, seq_len) is None
+    assert hopper_config(kernel_pass, 64, "bfloat16", True, 1024) is None
+    assert hopper_config(kernel_pass, 64, "bfloat16", True, 2048) is None
+    assert hopper_config(kernel_pass, 64, "bfloat16", True, 16384) is not None  # GPT-2's head dim at long T
 
 
-def test_the_split_backward_takes_the_gluon_pass_only_for_dense_calls_without_dropout_that_descriptors_fit(
-    monkeypatch,
+@pytest.mark.parametrize(("kernel_pass", "kernel"), [("bwd_dq_hopper", "flash_bwd_dq_hopper_kernel"),
+                                                     ("bwd_dkdv_hopper", "flash_bwd_dkdv_hopper_kernel")])  # fmt: skip
+def test_the_split_backward_takes_a_gluon_pass_only_for_dense_calls_without_dropout_that_descriptors_fit(
+    monkeypatch, kernel_pass, kernel
 ):
-    """`launch.hopper_dkdv_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand
-    in, the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a
-    dense causal bf16 call without dropout from 4K; None with a mask, dropout, fp16 or fp32, a T the table does not
-    list, or tensors a tensor descriptor cannot address; None on other GPUs, in the interpreter, and with a Triton
-    release other than the tested one (which imports no Gluon kernel)."""
+    """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
+    the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
+    causal bf16 call without dropout at 16K; None with a mask, dropout, fp16 or fp32, a T the table does not list,
+    or tensors a tensor descriptor cannot address (the output O included); None on other GPUs, in the
+    interpreter, and with a Triton release other than the tested one (which imports no Gluon kernel)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -162,28 +173,31 @@ def test_the_split_backward_takes_the_gluon_pass_only_for_dense_calls_without_dr
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)
     monkeypatch.setattr(launch, "interpreting", lambda: False)
 
-    def decide(seq_len=4096, dtype=torch.bfloat16, dropout=0.0, masks=launch.NO_MASKS, layout=None):
-        q, k, v, do = (torch.zeros(1, 2, seq_len, 64, dtype=dtype) for _ in range(4))
+    def decide(seq_len=16384, dtype=torch.bfloat16, dropout=0.0, masks=launch.NO_MASKS, layout=None, o_layout=None):
+        q, k, v, o, do = (torch.zeros(1, 2, seq_len, 64, dtype=dtype) for _ in range(5))
         if layout is not None:
             q = layout(q)
+        if o_layout is not None:
+            o = o_layout(o)
         params = launch.AttentionParams(True, dropout, 0.125)
-        return launch.hopper_dkdv_launch_config(q, k, v, do, params, masks)
+        return launch.hopper_launch_config(kernel_pass, q, k, v, o, do, params, masks)
 
-    expected = hopper_dkdv_config(64, "bfloat16", True, 4096)
+    expected = hopper_config(kernel_pass, 64, "bfloat16", True, 16384)
     assert expected is not None and decide() == expected
     assert decide(dtype=torch.float16) is None
-    assert decide(seq_len=16384) == hopper_dkdv_config(64, "bfloat16", True, 16384)
     assert decide(seq_len=1024) is None
     assert decide(dtype=torch.float32) is None
     assert decide(dropout=0.1) is None
     assert decide(masks=replace(launch.NO_MASKS, window_size=256)) is None
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
-    assert decide(layout=lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)) is None
+    transposed = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert decide(layout=transposed) is None
+    assert decide(o_layout=transposed) is None
     assert decide(layout=lambda t: torch.zeros(1, 2, t.shape[2], 68, dtype=t.dtype)[..., 2:66]) is None
     monkeypatch.setattr(launch, "is_hopper", lambda device: False)
     assert decide() is None
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)
-    monkeypatch.setattr(launch, "flash_bwd_dkdv_hopper_kernel", None)  # another Triton release: no Gluon pass
+    monkeypatch.setattr(launch, kernel, None)  # another Triton release: no Gluon pass
     assert decide() is None
     monkeypatch.undo()
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)
