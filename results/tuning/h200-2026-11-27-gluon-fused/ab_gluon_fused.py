@@ -35,7 +35,8 @@ from flashgpt.kernels.launch import AttentionParams, tuned_config
 from flashgpt.kernels.tuning import LaunchConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-import flash_bwd_fused_hopper  # the experiment
+import flash_bwd_fused_hopper  # the experiment, and its form with the reduce-adds in the producer warp
+import flash_bwd_fused_writer
 
 
 def setup(batch, heads, seq_len_q, seq_len_k, head_dim, causal, seed=0):
@@ -78,7 +79,7 @@ class Backward:
                            dq_acc=self.dq_acc, dq_reduce="tma")  # fmt: skip
         launch.launch_dq_convert(self.dq_acc, self.dq, p.softmax_scale)
 
-    def gluon_fused(self, cfg: LaunchConfig, buffers: int = 1, kernel_only: bool = False):
+    def gluon_fused(self, cfg: LaunchConfig, buffers=1, kernel_only=False, module=flash_bwd_fused_hopper):
         q, k, v, do, o, lse, p = self.q, self.k, self.v, self.do, self.o, self.lse, self.params
         batch, heads, seq_len_q, head_dim = q.shape
         seq_len_k = k.shape[2]
@@ -86,7 +87,7 @@ class Backward:
             launch.launch_preprocess(o, do, self.delta, None, self.dq_acc)
         launch.provide_tma_scratch()
         strides = [s for t in (q, k, v, do, self.dk, self.dv) for s in t.stride()[:3]]
-        flash_bwd_fused_hopper.flash_bwd_dkdv_hopper_kernel[(triton.cdiv(seq_len_k, cfg.block_n), batch * heads)](
+        module.flash_bwd_dkdv_hopper_kernel[(triton.cdiv(seq_len_k, cfg.block_n), batch * heads)](
             q, k, v, do, lse, self.delta, self.dk, self.dv, self.dq_acc, *strides, heads, seq_len_q, seq_len_k,
             p.softmax_scale, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
             CAUSAL=p.causal, DQ_BUFFERS=buffers, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
@@ -97,13 +98,15 @@ class Backward:
     def variants(self, configs, timing: bool = False) -> dict:
         runs = {"split": self.split, "triton fused": self.triton_fused}
         for cfg in configs:
-            name = f"gluon fused {cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}"
-            runs[name] = lambda cfg=cfg: self.gluon_fused(cfg)
-            runs[name + " 2 dQ buffers"] = lambda cfg=cfg: self.gluon_fused(cfg, buffers=2)
+            name = f"{cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}"
+            runs[f"gluon fused {name}"] = lambda cfg=cfg: self.gluon_fused(cfg)
+            for buffers in (1, 2):
+                runs[f"writer {name}, {buffers} dQ buffers"] = lambda cfg=cfg, buffers=buffers: self.gluon_fused(
+                    cfg, buffers=buffers, module=flash_bwd_fused_writer
+                )
         if timing:  # the kernel alone, without δ's preprocess and dQ's conversion (its dQ is not complete)
             cfg = configs[0]
-            name = f"gluon fused {cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages} kernel only"
-            runs[name] = lambda: self.gluon_fused(cfg, kernel_only=True)
+            runs["writer kernel only"] = lambda: self.gluon_fused(cfg, kernel_only=True, module=flash_bwd_fused_writer)
         return runs
 
 
