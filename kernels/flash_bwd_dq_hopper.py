@@ -1,7 +1,7 @@
 """The split backward's dQ pass for Hopper, in Gluon: warp-specialised, with every product asynchronous.
 
-Same math as `flash_bwd.py`'s dQ pass; one program per query tile first computes its rows'
-δ = rowsum(dO ∘ O) − dlse (stored for the dK/dV pass, which runs next), then walks the key tiles it sees:
+Same math as `flash_bwd.py`'s dQ pass; one program per query tile walks the key tiles it sees, and while its first
+products run computes its rows' δ = rowsum(dO ∘ O) − dlse (stored for the dK/dV pass, which runs next):
 
     S = Q·Kᵀ,  P = exp2(S·scale·log2 e − LSE·log2 e),  dP = dO·Vᵀ,  dS = P ∘ (dP − δ),  dQ += dS·K
     (dQ scaled by `scale` once, at the end)
