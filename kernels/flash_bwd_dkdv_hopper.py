@@ -23,9 +23,9 @@ What Triton's compiler does not express, and this pass does:
 
 Launched with maxnreg = 128 so that two programs share an SM; the producer's registers go to the consumer (232).
 BLOCK_M is a multiple of 32 (the producer's LSE/δ vector spans its 32 lanes), BLOCK_N of 16 × num_warps.
-Dense (no window, document or block mask), no dropout, bf16 (fp16 would compile alike, but is not checked on a
-GPU, so it is not taken), Tq ≤ Tk (causal: aligned to the bottom right), any T: rows past T arrive as zeros with
-LSE = +inf, so their P is 0. The tensors must suit tensor descriptors (`launch.hopper_launch_config` checks).
+Dense (no window, document or block mask), no dropout, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom
+right), any T: rows past T arrive as zeros with LSE = +inf, so their P is 0. The tensors must suit tensor
+descriptors (`launch.hopper_launch_config` checks).
 Gluon has no interpreter path: the CPU tests compile this pass for sm_90a (`tests/test_kernel_codegen.py`), and
 `scripts/bench_attention.py` checks it against the reference on the GPU; same-process A/B and history:
 `results/tuning/h200-2026-11-27-gluon-dkdv/`.

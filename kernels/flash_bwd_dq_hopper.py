@@ -22,7 +22,7 @@ As in `flash_bwd_dkdv_hopper.py`, the mirror image of this pass:
   serialise every product of the kernel: warning C7515).
 
 Launched with maxnreg = 128 so that two programs share an SM; the producer's registers go to the consumer (232).
-BLOCK_M is a multiple of 16 × num_warps. Dense (no window, document or block mask), no dropout, bf16, Tq ≤ Tk
+BLOCK_M is a multiple of 16 × num_warps. Dense (no window, document or block mask), no dropout, bf16 or fp16, Tq ≤ Tk
 (causal: aligned to the bottom right), any T: key rows past Tk arrive as zeros and are masked; query rows past Tq
 are computed with LSE = +inf (P = 0) and not stored. The tensors must suit tensor descriptors
 (`launch.hopper_launch_config` checks). Gluon has no interpreter path: the CPU tests compile this pass for sm_90a

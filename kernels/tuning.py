@@ -142,8 +142,9 @@ HOPPER_PASSES = ("bwd_dq_hopper", "bwd_dkdv_hopper")  # the Gluon passes (`flash
 def hopper_config(kernel_pass: str, head_dim: int, dtype: str, causal: bool, seq_len: int) -> LaunchConfig | None:
     """The launch configuration of the warp-specialised Gluon pass `kernel_pass` (one of HOPPER_PASSES: Hopper
     only, dense, no dropout) where the table measured it faster than the Triton pass for this shape, else None. Its
-    `maxnreg` is the whole program's register cap."""
-    key = table_key(kernel_pass, head_dim, dtype, causal, False, seq_len_bucket(seq_len))
+    `maxnreg` is the whole program's register cap. fp16 shares the bf16 measurements, as in `launch_config`."""
+    tuned_dtype = "bfloat16" if dtype == "float16" else dtype
+    key = table_key(kernel_pass, head_dim, tuned_dtype, causal, False, seq_len_bucket(seq_len))
     entry = _tuned_file().get(kernel_pass, {}).get(key)
     return LaunchConfig(**entry) if entry is not None else None
 

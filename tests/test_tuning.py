@@ -135,9 +135,9 @@ _TILE_UNITS = {
 
 @pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
 def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pass):
-    """Dense, causal, without dropout, at the T buckets and head dims of the table's section for the pass (bf16,
-    the dtype it was checked in on the GPU); never at a shape it does not list, e.g. T <= 2K where both measured
-    slower or even."""
+    """Dense, causal, without dropout, at the T buckets and head dims of the table's section for the pass (bf16, and
+    fp16 with the same tiles); never at a shape it does not list, e.g. T <= 2K where both measured slower or even,
+    nor in fp32."""
     entries = _tuned_file()[kernel_pass]
     assert entries
     for key, cfg in entries.items():
@@ -148,7 +148,7 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
         assert cfg["block_m"] % unit_m == 0 and cfg["block_n"] % unit_n == 0, key
         head_dim, seq_len = int(d[1:]), int(bucket[1:])
         assert hopper_config(kernel_pass, head_dim, "bfloat16", True, seq_len) == LaunchConfig(**cfg), key
-        assert hopper_config(kernel_pass, head_dim, "float16", True, seq_len) is None
+        assert hopper_config(kernel_pass, head_dim, "float16", True, seq_len) == LaunchConfig(**cfg), key
         assert hopper_config(kernel_pass, head_dim, "bfloat16", False, seq_len) is None  # not measured non-causal
         assert hopper_config(kernel_pass, head_dim, "float32", True, seq_len) is None
     assert hopper_config(kernel_pass, 64, "bfloat16", True, 1024) is None
@@ -163,7 +163,7 @@ def test_the_split_backward_takes_a_gluon_pass_only_for_dense_calls_without_drop
 ):
     """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
     the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
-    causal bf16 call without dropout at 16K; None with a mask, dropout, fp16 or fp32, a T the table does not list,
+    causal bf16 or fp16 call without dropout at 16K; None with a mask, dropout, fp32, a T the table does not list,
     or tensors a tensor descriptor cannot address (the output O included); None on other GPUs, in the
     interpreter, and with a Triton release other than the tested one (which imports no Gluon kernel)."""
     from dataclasses import replace
@@ -184,7 +184,7 @@ def test_the_split_backward_takes_a_gluon_pass_only_for_dense_calls_without_drop
 
     expected = hopper_config(kernel_pass, 64, "bfloat16", True, 16384)
     assert expected is not None and decide() == expected
-    assert decide(dtype=torch.float16) is None
+    assert decide(dtype=torch.float16) == expected
     assert decide(seq_len=1024) is None
     assert decide(dtype=torch.float32) is None
     assert decide(dropout=0.1) is None
