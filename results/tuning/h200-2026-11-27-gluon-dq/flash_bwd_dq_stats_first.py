@@ -10,33 +10,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.runtime.jit import constexpr_function
 
+from flashgpt.kernels.flash_bwd_dq_hopper import _producer, _row_stats  # unchanged
 from flashgpt.kernels.gluon_common import LOG2E, head_desc, mma_layout
-
-
-@constexpr_function
-def _rows_layout(num_warps, head_dim):
-    """A plain layout of a (rows, head_dim) tile for δ's loads: 8 contiguous elements a thread."""
-    lanes_d = min(head_dim // 8, 32)
-    return gl.BlockedLayout([1, 8], [32 // lanes_d, lanes_d], [num_warps, 1], [1, 0])
-
-
-@gluon.jit
-def _producer(descs, ring, n_tiles, BLOCK_N: gl.constexpr):
-    """Fill the ring: key tile t (counted down from the diagonal) into buffer t mod STAGES, once the consumer has
-    handed that buffer back."""
-    k_desc, v_desc = descs
-    ready, empty, k_ring, v_ring = ring
-    STAGES: gl.constexpr = k_ring.shape[0]
-    for tile in range(n_tiles):
-        slot = tile % STAGES
-        mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
-        start_n = (n_tiles - 1 - tile) * BLOCK_N
-        bar = ready.index(slot)
-        mbarrier.expect(bar, 2 * k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [start_n, 0], bar, k_ring.index(slot))
-        tma.async_copy_global_to_shared(v_desc, [start_n, 0], bar, v_ring.index(slot))
 
 
 @gluon.jit
@@ -79,26 +55,6 @@ def _dq_step(
     ds = p * (dp - delta[:, None])
     dq = warpgroup_mma(gl.convert_layout(ds.to(k_tile.dtype), ds_layout), k_tile, dq, use_acc=not FIRST, is_async=True)
     return dq
-
-
-@gluon.jit
-def _row_stats(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM: gl.constexpr, HAS_DLSE: gl.constexpr):
-    """LSE·log2 e and δ = rowsum(dO ∘ O) − dlse of rows offs_m (rows past Tq: +inf and 0); δ is also stored."""
-    o_ptrs, do_ptrs, stride_ot, stride_dot = heads
-    lse_row, dlse_row, delta_row = row_ptrs
-    rows_layout: gl.constexpr = _rows_layout(gl.num_warps(), HEAD_DIM)
-    m = gl.convert_layout(offs_m, gl.SliceLayout(1, rows_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
-    m_ok = m < seq_len_q
-    o = gl.load(o_ptrs + m[:, None] * stride_ot + cols[None, :], mask=m_ok[:, None], other=0.0)
-    do = gl.load(do_ptrs + m[:, None] * stride_dot + cols[None, :], mask=m_ok[:, None], other=0.0)
-    delta = gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1)
-    if HAS_DLSE:  # a gradient dlse into the returned LSE adds dlse·P to dS: δ lowered by dlse
-        delta -= gl.load(dlse_row + m, mask=m_ok, other=0.0)
-    gl.store(delta_row + m, delta, mask=m_ok)
-    row_ok = offs_m < seq_len_q
-    lse2 = gl.load(lse_row + offs_m, mask=row_ok, other=float("inf")) * LOG2E
-    return lse2, gl.convert_layout(delta, offs_m.type.layout)
 
 
 @gluon.jit

@@ -13,6 +13,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from flashgpt.kernels.flash_bwd_dkdv_hopper import _producer  # unchanged
 from flashgpt.kernels.gluon_common import LOG2E, head_desc, mma_layout
 
 
@@ -23,30 +24,6 @@ def _async_reduce_add(tensor_desc, coord, src, _semantic=None):
     `tma.store_wait` before `src` is written again."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
-
-
-@gluon.jit
-def _producer(descs, ring, rows, lo, n_tiles, BLOCK_M: gl.constexpr):
-    """Fill the ring: query tile t's Q, dO (TMA), LSE·log2 e and δ (plain loads; rows past Tq get LSE = +inf, so
-    P = 0, and δ = 0) into buffer t mod STAGES, once the consumer has handed that buffer back."""
-    q_desc, do_desc = descs
-    ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
-    lse_row, delta_row, seq_len_q = rows
-    STAGES: gl.constexpr = q_ring.shape[0]
-    vec: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    for tile in range(n_tiles):
-        slot = tile % STAGES
-        mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
-        start_m = lo + tile * BLOCK_M
-        bar = ready.index(slot)
-        mbarrier.expect(bar, 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [start_m, 0], bar, q_ring.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [start_m, 0], bar, do_ring.index(slot))
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=vec)
-        row_ok = offs_m < seq_len_q
-        lse_ring.index(slot).store(gl.load(lse_row + offs_m, mask=row_ok, other=float("inf")) * LOG2E)
-        delta_ring.index(slot).store(gl.load(delta_row + offs_m, mask=row_ok, other=0.0))
-        mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit

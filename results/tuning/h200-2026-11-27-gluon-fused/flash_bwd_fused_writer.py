@@ -3,10 +3,9 @@ of the math warpgroup (`flash_bwd_fused_hopper.py` otherwise). The math warpgrou
 and signals `dq_full`; the producer, one tile behind its loads, issues the reduce-add, waits until it has read
 the buffer and signals `dq_free`."""
 
-from triton._C.libtriton import ir
+from flash_bwd_fused_hopper import _async_reduce_add  # beside this file
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -16,15 +15,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from flashgpt.kernels.gluon_common import LOG2E, head_desc, mma_layout
-
-
-@builtin
-def _async_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """Bulk tensor reduce-add of shared memory `src` into the tile of `tensor_desc` at `coord` (TMA; Hopper's
-    cp.reduce.async.bulk.tensor). Triton 3.6 has the op but Gluon does not export it; like a TMA store, wait with
-    `tma.store_wait` before `src` is written again."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
