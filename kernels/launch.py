@@ -391,7 +391,7 @@ def hopper_launch_config(
     "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`) where the split backward should take it instead of the Triton
     pass: on Hopper, outside the interpreter, dense and without dropout, bf16 or fp16 (both checked on the GPU),
     tensors that descriptors fit, a shape the table measured it faster for, and the tested Triton. Else None."""
-    kernel = flash_bwd_dq_hopper_kernel if kernel_pass == "bwd_dq_hopper" else flash_bwd_dkdv_hopper_kernel
+    kernel = {"bwd_dq_hopper": flash_bwd_dq_hopper_kernel, "bwd_dkdv_hopper": flash_bwd_dkdv_hopper_kernel}[kernel_pass]
     if kernel is None or interpreting() or masks.any or params.dropout:
         return None
     if q.dtype not in (torch.bfloat16, torch.float16):
