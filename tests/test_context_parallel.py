@@ -14,7 +14,7 @@ from context_parallel_worker import CASES, build
 from flashgpt.model.context_parallel import ContextShard
 from flashgpt.training.distributed import DistContext, parallel_layout
 from flashgpt.training.resume import ResumeConfigError, check_resume_config
-from training_runs import REPO, assert_ok, read_metrics, read_result, train
+from training_runs import REPO, assert_ok, finish, read_metrics, read_result, start, train
 
 # One process sums over all keys in one matmul; two ranks in two chunks, K/V gradients summed by gloo. Measured:
 # losses equal to the last bit or 5e-7, gradients within 1.1e-6 of their largest entry.
@@ -34,7 +34,7 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def cp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def cp_results(tmp_path_factory: pytest.TempPathFactory, one_process_started: tuple[Path, subprocess.Popen]) -> dict:
     out = tmp_path_factory.mktemp("context_parallel") / "results.pt"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -71,9 +71,21 @@ RUN = [
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def one_process_started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, subprocess.Popen]]:
+    """The one-process reference run, started when the module's first fixture (cp_results) is: it trains on one
+    thread while the model-level workers run."""
     run_dir = tmp_path_factory.mktemp("one_process")
-    assert_ok(train(run_dir, *RUN, env=ONE_THREAD))
+    proc = start(run_dir, *RUN, env=ONE_THREAD)
+    yield run_dir, proc
+    if proc.poll() is None:  # no test waited for it
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def one_process(one_process_started: tuple[Path, subprocess.Popen]) -> Path:
+    run_dir, proc = one_process_started
+    assert_ok(finish(proc))
     return run_dir
 
 

@@ -234,12 +234,14 @@ def test_a_missing_source_says_what_to_give(tmp_path: Path) -> None:
         hf.load_hf_gpt2(str(tmp_path / "no-such-model"))
 
 
-def test_a_trained_checkpoint_goes_out_to_transformers_and_back_in_through_init_from(tmp_path: Path) -> None:
+def test_a_trained_checkpoint_goes_out_to_transformers_and_back_in_through_init_from(
+    tmp_path: Path, tiny_run: tuple[Path, subprocess.CompletedProcess]
+) -> None:
     """train.py -> `python -m flashgpt.training.export` -> transformers loads it with the checkpoint's logits ->
     train.py model.init_from=hf:<export> starts from it: its validation loss (after one step at lr 1e-9) is the
-    trained run's, up to the padded rows' bound."""
-    trained = tmp_path / "trained"
-    assert_ok(train(trained, "train.max_steps=12", "eval.every=12", "checkpoint.every=12"))
+    trained run's, up to the padded rows' bound. The trained run is test_train.py's 20 steps (tests/conftest.py)."""
+    trained, proc = tiny_run
+    assert_ok(proc)
     checkpoint, exported = trained / "checkpoints" / "latest.pt", tmp_path / "exported"
     command = [sys.executable, "-m", "flashgpt.training.export", str(checkpoint), str(exported)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300)

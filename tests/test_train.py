@@ -14,7 +14,7 @@ from flashgpt.training.evaluation import position_buckets
 from flashgpt.training.failures import oom_request_gib
 from flashgpt.training.mfu import mfu, peak_flops_per_sec
 from flashgpt.training.schedule import build_scheduler, lr_at
-from training_runs import DETERMINISTIC_CPU, assert_ok, read_metrics, read_result, train
+from training_runs import DETERMINISTIC_CPU, assert_ok, finish, read_metrics, read_result, start, train
 
 STEP_KEYS = {
     "step", "train/loss", "train/lr", "train/grad_norm", "train/tokens", "perf/step_time_s",
@@ -27,11 +27,8 @@ def wandb_offline_runs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "wandb").glob("offline-run-*"))
 
 
-def test_tiny_run_learns_and_fills_its_run_dir(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = train(
-        run_dir, "train.max_steps=20", "eval.every=10", "checkpoint.every=10", "wandb.mode=offline", "resume=auto"
-    )
+def test_tiny_run_learns_and_fills_its_run_dir(tiny_run):
+    run_dir, proc = tiny_run  # tests/conftest.py
     assert_ok(proc)
     assert "resume=auto: no checkpoint in" in proc.stdout
 
@@ -66,8 +63,13 @@ def test_resumed_run_matches_the_uninterrupted_one_bit_for_bit(tmp_path):
     common = ["train.max_steps=8", "model.dropout=0.1", "eval.every=3", "checkpoint.every=3"]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     env = {**os.environ, **DETERMINISTIC_CPU}
-    assert_ok(train(full, *common, env=env))
-    assert_ok(train(resumed, *common, "train.stop_at_step=5", "wandb.mode=offline", env=env))
+    # The uninterrupted run and the first half of the interrupted one are independent: they run side by side.
+    runs = [
+        start(full, *common, env=env),
+        start(resumed, *common, "train.stop_at_step=5", "wandb.mode=offline", env=env),
+    ]
+    for done in [finish(proc) for proc in runs]:
+        assert_ok(done)
     assert read_metrics(resumed)[-1]["step"] == 5
     proc = train(resumed, *common, "resume=auto", "wandb.mode=offline", env=env)
     assert_ok(proc)

@@ -24,11 +24,28 @@ def train(
     run_dir: Path, *overrides: str, nproc: int = 1, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """`python train.py <TINY> <overrides> hydra.run.dir=<run_dir>`, or under torchrun with nproc processes."""
+    return finish(start(run_dir, *overrides, nproc=nproc, env=env))
+
+
+def start(run_dir: Path, *overrides: str, nproc: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """train() without waiting: independent runs started together overlap their seconds of start-up (imports)."""
     launcher = [sys.executable]
     if nproc > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     command = [*launcher, "train.py", *TINY, *overrides, f"hydra.run.dir={run_dir}"]
-    return subprocess.run(command, cwd=REPO, env=env or os.environ.copy(), capture_output=True, text=True, timeout=600)
+    pipe = subprocess.PIPE
+    return subprocess.Popen(command, cwd=REPO, env=env or os.environ.copy(), stdout=pipe, stderr=pipe, text=True)
+
+
+def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    """Wait for a started run, as subprocess.run would (killed after 10 minutes)."""
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
