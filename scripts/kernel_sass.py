@@ -27,7 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
-from flashgpt.kernels.tuning import HOPPER_PASSES, LaunchConfig
+from flashgpt.kernels.tuning import HOPPER_PASSES, LaunchConfig, hopper_config
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TRITON_PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
@@ -110,8 +110,6 @@ def compile_passes(
         elif current == "bwd_dq":
             launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o)
         elif current in HOPPER_PASSES:
-            from flashgpt.kernels.tuning import hopper_config
-
             hopper = hopper_config(current, head_dim, "bfloat16", True, seq_len)
             if hopper is None or dropout or mask != "none":
                 raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
