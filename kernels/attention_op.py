@@ -58,6 +58,7 @@ from .launch import (
     launch_dq_convert,
     launch_dq_hopper,
     launch_forward,
+    launch_forward_hopper,
     launch_preprocess,
     launch_tiles,
     tuned_config,
@@ -372,6 +373,8 @@ def _attention_forward(
     lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
 
     def launch() -> list:
+        if (hopper := hopper_launch_config("fwd_hopper", q, k, v, None, None, params, masks)) is not None:
+            return [launch_forward_hopper(q, k, v, o, lse, params, hopper)]
         return [launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)]
 
     launch_plans.launch_or_replay(masks, key, (q, k, v, o, lse, *scalars), launch)

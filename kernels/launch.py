@@ -29,8 +29,9 @@ from .tuning import MIN_TILE, LaunchConfig, backward_schedule, hopper_config, la
 if triton.__version__.startswith(TESTED_TRITON):
     from .flash_bwd_dkdv_hopper import flash_bwd_dkdv_hopper_kernel
     from .flash_bwd_dq_hopper import flash_bwd_dq_hopper_kernel
+    from .flash_fwd_hopper import flash_fwd_hopper_kernel
 else:
-    flash_bwd_dkdv_hopper_kernel = flash_bwd_dq_hopper_kernel = None
+    flash_bwd_dkdv_hopper_kernel = flash_bwd_dq_hopper_kernel = flash_fwd_hopper_kernel = None
 
 LOG2E = math.log2(math.e)
 PREPROCESS_BLOCK_M = 128
@@ -387,18 +388,37 @@ def launch_dkdv(
 def hopper_launch_config(
     kernel_pass: str, q, k, v, o, do, params: AttentionParams, masks: FlashMask
 ) -> LaunchConfig | None:
-    """The configuration of the Gluon pass `kernel_pass` ("bwd_dq_hopper": `flash_bwd_dq_hopper.py`,
-    "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`) where the split backward should take it instead of the Triton
-    pass: on Hopper, outside the interpreter, dense and without dropout, bf16 or fp16 (both checked on the GPU),
-    tensors that descriptors fit, a shape the table measured it faster for, and the tested Triton. Else None."""
-    kernel = {"bwd_dq_hopper": flash_bwd_dq_hopper_kernel, "bwd_dkdv_hopper": flash_bwd_dkdv_hopper_kernel}[kernel_pass]
-    if kernel is None or interpreting() or masks.any or params.dropout:
+    """The configuration of the Gluon pass `kernel_pass` ("fwd_hopper": `flash_fwd_hopper.py`, "bwd_dq_hopper":
+    `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`) where the call should take it instead
+    of the Triton pass: on Hopper, outside the interpreter, dense and without dropout, bf16 or fp16 (both checked on
+    the GPU), tensors that descriptors fit (o and do: the backward's; None for the forward, which stores O through
+    pointers), a shape the table measured it faster for, and the tested Triton. Else None."""
+    kernels = {
+        "fwd_hopper": flash_fwd_hopper_kernel,
+        "bwd_dq_hopper": flash_bwd_dq_hopper_kernel,
+        "bwd_dkdv_hopper": flash_bwd_dkdv_hopper_kernel,
+    }
+    if kernels[kernel_pass] is None or interpreting() or masks.any or params.dropout:
         return None
     if q.dtype not in (torch.bfloat16, torch.float16):
         return None
-    if not is_hopper(q.device) or not _descriptors_fit(q, k, v, o, do):
+    if not is_hopper(q.device) or not _descriptors_fit(*(t for t in (q, k, v, o, do) if t is not None)):
         return None
     return hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, k.shape[2])
+
+
+def launch_forward_hopper(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig) -> Launch:
+    """o (B, H, Tq, D) and lse (B, H, Tq) through the Gluon forward, at cfg (`hopper_launch_config`): a program of
+    cfg.block_m // 64 math warpgroups of 64 query rows each. o must have unit stride along D."""
+    batch, heads, seq_len_q, head_dim = q.shape
+    seq_len_k = k.shape[2]
+    provide_tma_scratch()
+    strides = [s for t in (q, k, v, o) for s in t.stride()[:3]]  # every D stride is 1
+    return _launch(
+        flash_fwd_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, o, lse, *strides, heads,
+        seq_len_q, seq_len_k, params.softmax_scale, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+        CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal, num_warps=4, maxnreg=cfg.maxnreg,
+    )  # fmt: skip
 
 
 def launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params: AttentionParams, cfg: LaunchConfig) -> Launch:

@@ -136,7 +136,8 @@ def backward_schedule(
     return table.get("backward", {}).get(key, "split")
 
 
-HOPPER_PASSES = ("bwd_dq_hopper", "bwd_dkdv_hopper")  # the Gluon passes (`flash_bwd_*_hopper.py`): tables of their own
+# The Gluon passes (`flash_fwd_hopper.py`, `flash_bwd_*_hopper.py`), with tables of their own.
+HOPPER_PASSES = ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper")
 
 
 def hopper_config(kernel_pass: str, head_dim: int, dtype: str, causal: bool, seq_len: int) -> LaunchConfig | None:

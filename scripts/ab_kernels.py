@@ -53,8 +53,15 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
     def cfg(kernel_pass: str):
         return launch.tuned_config(kernel_pass, q, params)
 
+    hopper_fwd = None  # versions before the Gluon forward had no "fwd_hopper" pass
+    if hasattr(launch, "launch_forward_hopper"):
+        hopper_fwd = launch.hopper_launch_config("fwd_hopper", q, k, v, None, None, params, launch.NO_MASKS)
+
     def forward() -> None:
-        launch.launch_forward(q, k, v, out["o"], out["lse"], params, cfg("fwd"))
+        if hopper_fwd is not None:
+            launch.launch_forward_hopper(q, k, v, out["o"], out["lse"], params, hopper_fwd)
+        else:
+            launch.launch_forward(q, k, v, out["o"], out["lse"], params, cfg("fwd"))
 
     schedule = launch.backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, q.shape[2])
     hopper_dq, hopper = hopper_configs(launch, q, k, v, out["o"], do, params)
@@ -82,6 +89,8 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
     if schedule == "split" and (hopper_dq, hopper) != (None, None):
         gluon = [name for name, c in (("dQ", hopper_dq), ("dK/dV", hopper)) if c is not None]
         schedule = f"split, Gluon {' and '.join(gluon)}"
+    if hopper_fwd is not None:
+        schedule += "; Gluon forward"
     return {"fwd": forward, "bwd": backward, "fwd_bwd": forward_backward, "out": out, "schedule": schedule}
 
 

@@ -502,6 +502,7 @@ def gpu_profile(quick: bool, head_dims: Sequence[int]) -> Profile:
         CheckCase(1, 12, 16384, 64, causal=True, samples=2),
         CheckCase(1, 12, 16384, 64, causal=False, samples=2),
         CheckCase(1, 16, 16384, 128, causal=True, samples=2),
+        CheckCase(2, 16, 4096, 128, causal=True, packed=True, samples=2),  # the Gluon passes on packed qkv
     ]
     dropout = [
         CheckCase(2, 4, 256, 64, causal=True),

@@ -31,8 +31,8 @@ from flashgpt.kernels.tuning import HOPPER_PASSES, LaunchConfig, hopper_config
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TRITON_PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
-# bwd_dq_hopper, bwd_dkdv_hopper: the Gluon passes, at the table's configuration for the shape (dense, no dropout
-# only).
+# fwd_hopper, bwd_dq_hopper, bwd_dkdv_hopper: the Gluon passes, at the table's configuration for the shape (dense,
+# no dropout only).
 PASSES = (*TRITON_PASSES, *HOPPER_PASSES)
 MASKS = ("none", "window", "documents", "blocks")
 # Opcode families worth watching in an attention kernel: tensor-core products, the exp2 unit, fp32 arithmetic,
@@ -113,7 +113,9 @@ def compile_passes(
             hopper = hopper_config(current, head_dim, "bfloat16", True, seq_len)
             if hopper is None or dropout or mask != "none":
                 raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
-            if current == "bwd_dq_hopper":
+            if current == "fwd_hopper":
+                launch.launch_forward_hopper(q, k, v, o, lse, params, config or hopper)
+            elif current == "bwd_dq_hopper":
                 launch.launch_dq_hopper(q, k, v, do, o, lse, None, delta, dq, params, config or hopper)
             else:
                 launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, config or hopper)

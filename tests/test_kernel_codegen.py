@@ -2,9 +2,9 @@
 Triton compiles for the H100 target and its bundled ptxas assembles): no register spills (a stack frame), and no
 ptxas warning, whose usual one, C7515, says a wgmma pipeline was serialised (loop bounds computed through selects once
 did that to the dense backward and cost it 9-13%). Cases: the passes the launch table runs for these shapes (the
-fused backward where the table picks it, at D = 64, and the Gluon dQ and dK/dV passes), with and without dropout
-and masks. The Gluon passes have no interpreter path, so this compile is what the CPU suite checks of them; their
-numerics are checked on the GPU (`scripts/bench_attention.py`)."""
+fused backward where the table picks it, at D = 64, and the Gluon forward, dQ and dK/dV passes), with and without
+dropout and masks. The Gluon passes have no interpreter path, so this compile is what the CPU suite checks of them;
+their numerics are checked on the GPU (`scripts/bench_attention.py`)."""
 
 import os
 import subprocess
@@ -15,11 +15,12 @@ import pytest
 from training_runs import REPO
 
 CASES = {  # kernel_sass.py's arguments
-    "D64 16K": "--head-dim 64 --seq-len 16384 --passes fwd,bwd_dq,bwd_dkdv,bwd_fused,bwd_dq_hopper,bwd_dkdv_hopper",
+    "D64 16K": "--head-dim 64 --seq-len 16384 "
+    "--passes fwd,bwd_dq,bwd_dkdv,bwd_fused,fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
     "D64 4K dropout documents": "--head-dim 64 --seq-len 4096 --dropout 0.1 --mask documents "
     "--passes fwd,bwd_dq,bwd_dkdv,bwd_fused",
     "D128 16K blocks": "--head-dim 128 --seq-len 16384 --mask blocks --passes fwd,bwd_dq,bwd_dkdv",
-    "D128 4K Gluon": "--head-dim 128 --seq-len 4096 --passes bwd_dq_hopper,bwd_dkdv_hopper",
+    "D128 4K Gluon": "--head-dim 128 --seq-len 4096 --passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
 }
 
 

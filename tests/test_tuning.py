@@ -125,9 +125,11 @@ def test_tuning_candidates_cover_every_native_head_dim(kernel_pass):
         assert default in tried, f"{kernel_pass} D={head_dim}: default {default} is not a candidate"
 
 
-# What each Gluon pass's tiles must divide: the dK/dV pass's producer warp loads a query tile's LSE and δ 32 lanes
-# wide, and its consumer's warps split the key rows 16 at a time; the dQ pass's warps split the query rows.
+# What each Gluon pass's tiles must divide: the forward's math warpgroups own 64 query rows each; the dK/dV pass's
+# producer warp loads a query tile's LSE and δ 32 lanes wide, and its consumer's warps split the key rows 16 at a
+# time; the dQ pass's warps split the query rows.
 _TILE_UNITS = {
+    "fwd_hopper": lambda cfg: (64, 16),
     "bwd_dkdv_hopper": lambda cfg: (32, 16 * cfg["num_warps"]),
     "bwd_dq_hopper": lambda cfg: (16 * cfg["num_warps"], 16),
 }
@@ -143,7 +145,7 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
     for key, cfg in entries.items():
         name, d, dtype, mask, drop, bucket = key.split("/")
         assert (name, dtype, mask, drop) == (kernel_pass, "bfloat16", "causal", "nodrop"), key
-        assert cfg["maxnreg"] and cfg["tma"], key  # two programs an SM; descriptor tiles
+        assert cfg["maxnreg"] and cfg["tma"], key  # the program's register cap (programs an SM); descriptor tiles
         unit_m, unit_n = _TILE_UNITS[kernel_pass](cfg)
         assert cfg["block_m"] % unit_m == 0 and cfg["block_n"] % unit_n == 0, key
         head_dim, seq_len = int(d[1:]), int(bucket[1:])
@@ -156,16 +158,18 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
     assert hopper_config(kernel_pass, 64, "bfloat16", True, 16384) is not None  # GPT-2's head dim at long T
 
 
-@pytest.mark.parametrize(("kernel_pass", "kernel"), [("bwd_dq_hopper", "flash_bwd_dq_hopper_kernel"),
+@pytest.mark.parametrize(("kernel_pass", "kernel"), [("fwd_hopper", "flash_fwd_hopper_kernel"),
+                                                     ("bwd_dq_hopper", "flash_bwd_dq_hopper_kernel"),
                                                      ("bwd_dkdv_hopper", "flash_bwd_dkdv_hopper_kernel")])  # fmt: skip
-def test_the_split_backward_takes_a_gluon_pass_only_for_dense_calls_without_dropout_that_descriptors_fit(
+def test_a_call_takes_a_gluon_pass_only_when_dense_without_dropout_and_descriptors_fit(
     monkeypatch, kernel_pass, kernel
 ):
     """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
     the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
     causal bf16 or fp16 call without dropout at 16K; None with a mask, dropout, fp32, a T the table does not list,
-    or tensors a tensor descriptor cannot address (the output O included); None on other GPUs, in the
-    interpreter, and with a Triton release other than the tested one (which imports no Gluon kernel)."""
+    or tensors a tensor descriptor cannot address (the backward's O included; the forward stores O through
+    pointers); None on other GPUs, in the interpreter, and with a Triton release other than the tested one (which
+    imports no Gluon kernel)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -180,6 +184,8 @@ def test_the_split_backward_takes_a_gluon_pass_only_for_dense_calls_without_drop
         if o_layout is not None:
             o = o_layout(o)
         params = launch.AttentionParams(True, dropout, 0.125)
+        if kernel_pass == "fwd_hopper":
+            o = do = None
         return launch.hopper_launch_config(kernel_pass, q, k, v, o, do, params, masks)
 
     expected = hopper_config(kernel_pass, 64, "bfloat16", True, 16384)
@@ -192,7 +198,8 @@ def test_the_split_backward_takes_a_gluon_pass_only_for_dense_calls_without_drop
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
     transposed = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
     assert decide(layout=transposed) is None
-    assert decide(o_layout=transposed) is None
+    if kernel_pass != "fwd_hopper":
+        assert decide(o_layout=transposed) is None
     assert decide(layout=lambda t: torch.zeros(1, 2, t.shape[2], 68, dtype=t.dtype)[..., 2:66]) is None
     monkeypatch.setattr(launch, "is_hopper", lambda device: False)
     assert decide() is None
