@@ -6,10 +6,11 @@ looks the kernel up, about 60 µs of host time per launch on an H200 host at our
 given specialisation has gone through Triton, `FastLauncher` keeps the compiled kernel under a key of exactly the
 properties Triton specialises on, and later calls with the same key launch it directly (a few µs).
 
-Key per positional argument: a tensor's dtype and whether its address is 16-byte aligned; an int's value, or, for
-the kernel's `do_not_specialize` arguments (seeds, offsets: different on every call), only its integer width;
-anything else (float, None) by its type alone; with the constexpr keyword arguments (by value) and the current
-device, that is the key. Which positions hold tensors, unspecialised ints and floats follows from the arguments'
+Key per positional argument: a tensor's dtype and whether its address is 16-byte aligned; a host-made tensor
+descriptor's element type, tile shape, shared-memory layout and padding; an int's value, or, for the kernel's
+`do_not_specialize` arguments (seeds, offsets: different on every call), only its integer width; anything else
+(float, None) by its type alone; with the constexpr keyword arguments (by value) and the current device, that is
+the key. Which positions hold tensors, unspecialised ints and floats follows from the arguments'
 types, so it is worked out once per tuple of types and each call only visits those positions (a comprehension
 over every argument cost an H100 host ~35 µs per launch). Launch hooks (profilers) and the interpreter always take
 Triton's own path.
@@ -28,6 +29,14 @@ from collections.abc import Callable, Sequence
 import torch
 import triton
 from triton import knobs
+
+try:  # host-made tensor descriptors, Triton's and Gluon's (releases without them have none to key)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TritonDescriptor
+
+    DESCRIPTOR_TYPES: tuple[type, ...] = (_GluonDescriptor, _TritonDescriptor)
+except ImportError:
+    DESCRIPTOR_TYPES = ()
 
 TESTED_TRITON = "3.6."  # the release the direct path was written and checked against (CI installs it)
 DIRECT_LAUNCH = triton.__version__.startswith(TESTED_TRITON)
@@ -54,23 +63,25 @@ class FastLauncher:
         self.kernel = kernel
         self.names = kernel.arg_names
         self.unspecialized = frozenset(p.num for p in kernel.params if p.do_not_specialize)
-        self._layouts: dict[tuple[type, ...], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
+        self._layouts: dict[tuple[type, ...], tuple[tuple[int, ...], ...]] = {}
         self._entries: dict[tuple, tuple[Callable, object, object, tuple[str, ...]]] = {}
 
-    def _layout(self, types: tuple[type, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-        """Positions of the tensors, of the unspecialised ints and of the floats among arguments of these types."""
+    def _layout(self, types: tuple[type, ...]) -> tuple[tuple[int, ...], ...]:
+        """Positions of the tensors, of the unspecialised ints, of the floats and of the tensor descriptors among
+        arguments of these types."""
         layout = self._layouts.get(types)
         if layout is None:  # once per types tuple
             tensors = tuple(i for i, t in enumerate(types) if issubclass(t, torch.Tensor))
             widths = tuple(i for i, t in enumerate(types) if t is int and i in self.unspecialized)
             floats = tuple(i for i, t in enumerate(types) if t is float)
-            layout = self._layouts[types] = (tensors, widths, floats)
+            descriptors = tuple(i for i, t in enumerate(types) if issubclass(t, DESCRIPTOR_TYPES))
+            layout = self._layouts[types] = (tensors, widths, floats, descriptors)
         return layout
 
     def key(self, device: int, args: tuple, constexprs: dict) -> tuple:
         """What Triton specialises a launch with these arguments on, on `device` (see the module docstring)."""
         types = tuple(map(type, args))
-        tensors, widths, floats = self._layout(types)
+        tensors, widths, floats, descriptors = self._layout(types)
         key = list(args)
         for i in tensors:
             key[i] = (args[i].dtype, args[i].data_ptr() % 16 == 0)
@@ -78,8 +89,11 @@ class FastLauncher:
             key[i] = int_width(args[i])
         for i in floats:
             key[i] = float
-        # A tensor's (dtype, aligned) pair, an int, a width, None, float: no value at one position stands for two
-        # types, so the key needs no types tuple.
+        for i in descriptors:  # Triton's `tensordesc<dtype[tile], layout>`; the base is 16-byte aligned by contract
+            d = args[i]
+            key[i] = (types[i], d.base.dtype, tuple(d.block_shape), getattr(d, "layout", None), d.padding)
+        # A tensor's (dtype, aligned) pair, a descriptor's tuple, an int, a width, None, float: no value at one
+        # position stands for two types, so the key needs no types tuple.
         return (device, tuple(key), tuple(constexprs.items()))
 
     def bind(

@@ -36,22 +36,22 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from .gluon_common import LOG2E, head_desc, mma_layout
+from .gluon_common import LOG2E, load_head_tile, mma_layout, tile_layout
 
 
 @gluon.jit
-def _producer(descs, ring, rows, lo, n_tiles, BLOCK_M: gl.constexpr):
+def _producer(descs, ring, rows, lo, n_tiles, b, h):
     """Fill the ring: query tile t's Q, dO (TMA), LSE·log2 e and δ (plain loads; rows past Tq get LSE = +inf, so
     P = 0, and δ = 0) into buffer t mod STAGES, once the consumer has handed that buffer back."""
     q_desc, do_desc = descs
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     lse_row, delta_row, seq_len_q = rows
     STAGES: gl.constexpr = q_ring.shape[0]
+    BLOCK_M: gl.constexpr = q_ring.shape[1]
     vec: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     for tile in range(n_tiles):
         slot = tile % STAGES
@@ -59,8 +59,8 @@ def _producer(descs, ring, rows, lo, n_tiles, BLOCK_M: gl.constexpr):
         start_m = lo + tile * BLOCK_M
         bar = ready.index(slot)
         mbarrier.expect(bar, 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [start_m, 0], bar, q_ring.index(slot))
-        tma.async_copy_global_to_shared(do_desc, [start_m, 0], bar, do_ring.index(slot))
+        load_head_tile(q_desc, b, h, start_m, bar, q_ring.index(slot))
+        load_head_tile(do_desc, b, h, start_m, bar, do_ring.index(slot))
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=vec)
         row_ok = offs_m < seq_len_q
         lse_ring.index(slot).store(gl.load(lse_row + offs_m, mask=row_ok, other=float("inf")) * LOG2E)
@@ -140,26 +140,14 @@ def _consumer(kv, kv_ready, ring, lo, n_tiles, n_masked, outs, start_n, shift, q
 
 @gluon.jit
 def flash_bwd_dkdv_hopper_kernel(
-    Q,
-    K,
-    V,
-    DO,
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
     LSE,
     Delta,
     DK,
     DV,
-    stride_qb,
-    stride_qh,
-    stride_qt,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_vb,
-    stride_vh,
-    stride_vt,
-    stride_dob,
-    stride_doh,
-    stride_dot,
     stride_dkb,
     stride_dkh,
     stride_dkt,
@@ -170,32 +158,30 @@ def flash_bwd_dkdv_hopper_kernel(
     seq_len_q,
     seq_len_k,
     softmax_scale,
-    HEAD_DIM: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
 ):
     """dK, dV (B, H, Tk, D) of the key tile program_id(0) of head program_id(1), from Q, dO (B, H, Tq, D), K, V
-    (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the dQ pass leaves them)."""
-    dtype: gl.constexpr = Q.dtype.element_ty
+    (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the dQ pass leaves them).
+    Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host
+    (`launch.launch_dkdv_hopper`)."""
+    dtype: gl.constexpr = q_desc.dtype
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     bh = gl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
     start_n = gl.program_id(0) * BLOCK_N
-    q_desc = head_desc(Q, b, h, stride_qb, stride_qh, stride_qt, seq_len_q, HEAD_DIM, BLOCK_M)
-    do_desc = head_desc(DO, b, h, stride_dob, stride_doh, stride_dot, seq_len_q, HEAD_DIM, BLOCK_M)
-    k_desc = head_desc(K, b, h, stride_kb, stride_kh, stride_kt, seq_len_k, HEAD_DIM, BLOCK_N)
-    v_desc = head_desc(V, b, h, stride_vb, stride_vh, stride_vt, seq_len_k, HEAD_DIM, BLOCK_N)
 
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], v_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], tile_layout(BLOCK_N, HEAD_DIM, dtype))
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], tile_layout(BLOCK_N, HEAD_DIM, dtype))
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     ring = (
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype)),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype)),
         gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout),
         gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout),
     )
@@ -219,8 +205,8 @@ def flash_bwd_dkdv_hopper_kernel(
     n_masked = (free - lo) // BLOCK_M
 
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [start_n, 0], kv_ready, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [start_n, 0], kv_ready, v_smem)
+    load_head_tile(k_desc, b, h, start_n, kv_ready, k_smem)
+    load_head_tile(v_desc, b, h, start_n, kv_ready, v_smem)
 
     row_start = bh.to(gl.int64) * seq_len_q
     rows = (LSE + row_start, Delta + row_start, seq_len_q)
@@ -232,7 +218,7 @@ def flash_bwd_dkdv_hopper_kernel(
     gl.warp_specialize(
         [
             (_consumer, (kv, kv_ready, ring, lo, n_tiles, n_masked, outs, start_n, shift, qk_scale, CAUSAL)),
-            (_producer, ((q_desc, do_desc), ring, rows, lo, n_tiles, BLOCK_M)),
+            (_producer, ((q_desc, do_desc), ring, rows, lo, n_tiles, b, h)),
         ],
         [1],
         [24],

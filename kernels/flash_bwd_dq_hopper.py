@@ -34,13 +34,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 from triton.runtime.jit import constexpr_function
 
-from .gluon_common import LOG2E, head_desc, mma_layout
+from .gluon_common import LOG2E, load_head_tile, mma_layout, tile_layout
 
 
 @constexpr_function
@@ -51,20 +50,21 @@ def _rows_layout(num_warps, head_dim):
 
 
 @gluon.jit
-def _producer(descs, ring, n_tiles, BLOCK_N: gl.constexpr):
+def _producer(descs, ring, n_tiles, b, h):
     """Fill the ring: key tile t (counted down from the diagonal) into buffer t mod STAGES, once the consumer has
     handed that buffer back."""
     k_desc, v_desc = descs
     ready, empty, k_ring, v_ring = ring
     STAGES: gl.constexpr = k_ring.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
     for tile in range(n_tiles):
         slot = tile % STAGES
         mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
         start_n = (n_tiles - 1 - tile) * BLOCK_N
         bar = ready.index(slot)
         mbarrier.expect(bar, 2 * k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [start_n, 0], bar, k_ring.index(slot))
-        tma.async_copy_global_to_shared(v_desc, [start_n, 0], bar, v_ring.index(slot))
+        load_head_tile(k_desc, b, h, start_n, bar, k_ring.index(slot))
+        load_head_tile(v_desc, b, h, start_n, bar, v_ring.index(slot))
 
 
 @gluon.jit
@@ -188,24 +188,16 @@ def _consumer(
 
 @gluon.jit
 def flash_bwd_dq_hopper_kernel(
-    Q,
-    K,
-    V,
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
     DO,
     O,
     LSE,
     DLSE,
     Delta,
     DQ,
-    stride_qb,
-    stride_qh,
-    stride_qt,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_vb,
-    stride_vh,
-    stride_vt,
     stride_dob,
     stride_doh,
     stride_dot,
@@ -219,15 +211,17 @@ def flash_bwd_dq_hopper_kernel(
     seq_len_q,
     seq_len_k,
     softmax_scale,
-    HEAD_DIM: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
 ):
     """dQ (B, H, Tq, D) and δ (B·H·Tq fp32) of the query tile program_id(0) of head program_id(1), from Q, dO, O
-    (B, H, Tq, D), K, V (B, H, Tk, D), the forward's LSE and, if not None, its gradient DLSE (B·H·Tq fp32 each)."""
-    dtype: gl.constexpr = Q.dtype.element_ty
+    (B, H, Tq, D), K, V (B, H, Tk, D), the forward's LSE and, if not None, its gradient DLSE (B·H·Tq fp32 each).
+    Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host
+    (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ."""
+    dtype: gl.constexpr = q_desc.dtype
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     # Causal query tiles near the end see the most key tiles: launch them first.
     n_blocks_m = gl.cdiv(seq_len_q, BLOCK_M)
     pid_m = (n_blocks_m - 1 - gl.program_id(0)) if CAUSAL else gl.program_id(0)
@@ -235,18 +229,14 @@ def flash_bwd_dq_hopper_kernel(
     b = bh // n_heads
     h = bh % n_heads
     start_m = pid_m * BLOCK_M
-    q_desc = head_desc(Q, b, h, stride_qb, stride_qh, stride_qt, seq_len_q, HEAD_DIM, BLOCK_M)
-    do_desc = head_desc(DO, b, h, stride_dob, stride_doh, stride_dot, seq_len_q, HEAD_DIM, BLOCK_M)
-    k_desc = head_desc(K, b, h, stride_kb, stride_kh, stride_kt, seq_len_k, HEAD_DIM, BLOCK_N)
-    v_desc = head_desc(V, b, h, stride_vb, stride_vh, stride_vt, seq_len_k, HEAD_DIM, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], do_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype))
+    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype))
     ring = (
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile_layout(BLOCK_N, HEAD_DIM, dtype)),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tile_layout(BLOCK_N, HEAD_DIM, dtype)),
     )
     qdo_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(qdo_ready, count=1)
@@ -266,8 +256,8 @@ def flash_bwd_dq_hopper_kernel(
         n_masked = n_tiles - seq_len_k // BLOCK_N
 
     mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [start_m, 0], qdo_ready, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [start_m, 0], qdo_ready, do_smem)
+    load_head_tile(q_desc, b, h, start_m, qdo_ready, q_smem)
+    load_head_tile(do_desc, b, h, start_m, qdo_ready, do_smem)
 
     row_start = bh.to(gl.int64) * seq_len_q
     heads = (
@@ -300,7 +290,7 @@ def flash_bwd_dq_hopper_kernel(
                     HAS_DLSE,
                 ),
             ),
-            (_producer, ((k_desc, v_desc), ring, n_tiles, BLOCK_N)),
+            (_producer, ((k_desc, v_desc), ring, n_tiles, b, h)),
         ],
         [1],
         [24],

@@ -31,19 +31,18 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from .gluon_common import LOG2E, head_desc, mma_layout
+from .gluon_common import LOG2E, load_head_tile, mma_layout, tile_layout
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 ROWS: gl.constexpr = gl.constexpr(64)  # query rows a math warpgroup owns
 
 
 @gluon.jit
-def _producer(descs, ring, n_tiles):
+def _producer(descs, ring, n_tiles, b, h):
     """Fill the ring: key tile t into buffer t mod STAGES, once every math warpgroup has handed that buffer back."""
     k_desc, v_desc = descs
     k_ready, v_ready, empty, k_ring, v_ring = ring
@@ -52,11 +51,10 @@ def _producer(descs, ring, n_tiles):
     for tile in range(n_tiles):
         slot = tile % STAGES
         mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
-        start_n = tile * BLOCK_N
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(slot), k_ring.index(slot))
+        load_head_tile(k_desc, b, h, tile * BLOCK_N, k_ready.index(slot), k_ring.index(slot))
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(slot), v_ring.index(slot))
+        load_head_tile(v_desc, b, h, tile * BLOCK_N, v_ready.index(slot), v_ring.index(slot))
 
 
 @gluon.jit
@@ -172,20 +170,11 @@ def _consumer(q_smem, q_ready, ring, tiles, rows, outs, qk_scale, CAUSAL: gl.con
 
 @gluon.jit
 def flash_fwd_hopper_kernel(
-    Q,
-    K,
-    V,
+    q_desc,
+    k_desc,
+    v_desc,
     O,
     LSE,
-    stride_qb,
-    stride_qh,
-    stride_qt,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_vb,
-    stride_vh,
-    stride_vt,
     stride_ob,
     stride_oh,
     stride_ot,
@@ -193,16 +182,17 @@ def flash_fwd_hopper_kernel(
     seq_len_q,
     seq_len_k,
     softmax_scale,
-    HEAD_DIM: gl.constexpr,
-    BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
 ):
     """O (B, H, Tq, D) and LSE (B·H·Tq fp32) of the query tile program_id(0) (64 · CONSUMERS rows) of head
-    program_id(1), from Q (B, H, Tq, D) and K, V (B, H, Tk, D)."""
-    dtype: gl.constexpr = Q.dtype.element_ty
+    program_id(1), from tensor descriptors of Q (B, H, Tq, D) in tiles of (1, 1, 64, D) and K, V (B, H, Tk, D) in
+    tiles of (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`)."""
+    dtype: gl.constexpr = q_desc.dtype
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = ROWS * CONSUMERS
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     # Causal query tiles near the end see the most key tiles: launch them first.
     n_blocks_m = gl.cdiv(seq_len_q, BLOCK_M)
     pid_m = (n_blocks_m - 1 - gl.program_id(0)) if CAUSAL else gl.program_id(0)
@@ -210,17 +200,15 @@ def flash_fwd_hopper_kernel(
     b = bh // n_heads
     h = bh % n_heads
     start_m = pid_m * BLOCK_M
-    q_desc = head_desc(Q, b, h, stride_qb, stride_qh, stride_qt, seq_len_q, HEAD_DIM, ROWS)
-    k_desc = head_desc(K, b, h, stride_kb, stride_kh, stride_kt, seq_len_k, HEAD_DIM, BLOCK_N)
-    v_desc = head_desc(V, b, h, stride_vb, stride_vh, stride_vt, seq_len_k, HEAD_DIM, BLOCK_N)
+    layout: gl.constexpr = tile_layout(ROWS, HEAD_DIM, dtype)  # BLOCK_N rows share it: the swizzle spans 8 rows
 
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], layout)
     ring = (
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], layout),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], layout),
     )
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
@@ -238,35 +226,29 @@ def flash_fwd_hopper_kernel(
     else:
         n_tiles = gl.cdiv(seq_len_k, BLOCK_N)
         n_full = seq_len_k // BLOCK_N
-
     mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
-        tma.async_copy_global_to_shared(q_desc, [start_m + c * ROWS, 0], q_ready, q_smem.index(c))
+        load_head_tile(q_desc, b, h, start_m + c * ROWS, q_ready, q_smem.index(c))
 
     o_ptrs = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
     lse_ptrs = LSE + bh.to(gl.int64) * seq_len_q
     outs = (o_ptrs, lse_ptrs, stride_ot, seq_len_q)
     tiles = (n_tiles, n_full)
     qk_scale = softmax_scale * LOG2E
-    consumer0 = (q_smem.index(0), q_ready, ring, tiles, (start_m, shift, seq_len_k), outs, qk_scale, CAUSAL)
-    producer = ((k_desc, v_desc), ring, n_tiles)
+    rows = (start_m, shift, seq_len_k)
+    consumer0 = (q_smem.index(0), q_ready, ring, tiles, rows, outs, qk_scale, CAUSAL)
+    producer = ((k_desc, v_desc), ring, n_tiles, b, h)
     if CONSUMERS == 1:
         gl.warp_specialize([(_consumer, consumer0), (_producer, producer)], [1], [24])
     elif CONSUMERS == 2:
-        consumer1 = (q_smem.index(1), q_ready, ring, tiles, (start_m + ROWS, shift, seq_len_k), outs, qk_scale, CAUSAL)
+        rows1 = (start_m + ROWS, shift, seq_len_k)
+        consumer1 = (q_smem.index(1), q_ready, ring, tiles, rows1, outs, qk_scale, CAUSAL)
         gl.warp_specialize([(_consumer, consumer0), (_consumer, consumer1), (_producer, producer)], [4, 1], [232, 24])
     else:
-        consumer1 = (q_smem.index(1), q_ready, ring, tiles, (start_m + ROWS, shift, seq_len_k), outs, qk_scale, CAUSAL)
-        consumer2 = (
-            q_smem.index(2),
-            q_ready,
-            ring,
-            tiles,
-            (start_m + 2 * ROWS, shift, seq_len_k),
-            outs,
-            qk_scale,
-            CAUSAL,
-        )
+        rows1 = (start_m + ROWS, shift, seq_len_k)
+        rows2 = (start_m + 2 * ROWS, shift, seq_len_k)
+        consumer1 = (q_smem.index(1), q_ready, ring, tiles, rows1, outs, qk_scale, CAUSAL)
+        consumer2 = (q_smem.index(2), q_ready, ring, tiles, rows2, outs, qk_scale, CAUSAL)
         gl.warp_specialize(
             [(_consumer, consumer0), (_consumer, consumer1), (_consumer, consumer2), (_producer, producer)],
             [4, 4, 1],

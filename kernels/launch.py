@@ -30,6 +30,7 @@ if triton.__version__.startswith(TESTED_TRITON):
     from .flash_bwd_dkdv_hopper import flash_bwd_dkdv_hopper_kernel
     from .flash_bwd_dq_hopper import flash_bwd_dq_hopper_kernel
     from .flash_fwd_hopper import flash_fwd_hopper_kernel
+    from .gluon_common import head_descriptor
 else:
     flash_bwd_dkdv_hopper_kernel = flash_bwd_dq_hopper_kernel = flash_fwd_hopper_kernel = None
 
@@ -410,44 +411,41 @@ def hopper_launch_config(
 def launch_forward_hopper(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig) -> Launch:
     """o (B, H, Tq, D) and lse (B, H, Tq) through the Gluon forward, at cfg (`hopper_launch_config`): a program of
     cfg.block_m // 64 math warpgroups of 64 query rows each. o must have unit stride along D."""
-    batch, heads, seq_len_q, head_dim = q.shape
-    seq_len_k = k.shape[2]
-    provide_tma_scratch()
-    strides = [s for t in (q, k, v, o) for s in t.stride()[:3]]  # every D stride is 1
+    batch, heads, seq_len_q, _ = q.shape
     return _launch(
-        flash_fwd_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, o, lse, *strides, heads,
-        seq_len_q, seq_len_k, params.softmax_scale, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
-        CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal, num_warps=4, maxnreg=cfg.maxnreg,
+        flash_fwd_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), head_descriptor(q, 64),
+        head_descriptor(k, cfg.block_n), head_descriptor(v, cfg.block_n), o, lse, *o.stride()[:3], heads, seq_len_q,
+        k.shape[2], params.softmax_scale, STAGES=cfg.num_stages, CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal,
+        num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
 def launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params: AttentionParams, cfg: LaunchConfig) -> Launch:
     """dq (B, H, Tq, D) through the Gluon pass, at cfg (`hopper_launch_config`), which also writes delta =
     rowsum(dO ∘ O) − dlse for the dK/dV pass, as `launch_dq` does given o. dq must have unit stride along D."""
-    batch, heads, seq_len_q, head_dim = q.shape
-    seq_len_k = k.shape[2]
-    provide_tma_scratch()
-    strides = [s for t in (q, k, v, do, o, dq) for s in t.stride()[:3]]  # every D stride is 1
+    batch, heads, seq_len_q, _ = q.shape
+    m, n = cfg.block_m, cfg.block_n
+    strides = [s for t in (do, o, dq) for s in t.stride()[:3]]  # every D stride is 1
     return _launch(
-        flash_bwd_dq_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta,
-        dq, *strides, heads, seq_len_q, seq_len_k, params.softmax_scale, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, CAUSAL=params.causal, num_warps=cfg.num_warps,
-        maxnreg=cfg.maxnreg,
+        flash_bwd_dq_hopper_kernel, (_cdiv(seq_len_q, m), batch * heads), head_descriptor(q, m),
+        head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), do, o, lse, dlse, delta, dq, *strides,
+        heads, seq_len_q, k.shape[2], params.softmax_scale, STAGES=cfg.num_stages, CAUSAL=params.causal,
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
 def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> Launch:
     """dk, dv (B, H, Tk, D) through the Gluon pass, at cfg (`hopper_launch_config`); delta as the dQ pass leaves
     it."""
-    batch, heads, seq_len_q, head_dim = q.shape
+    batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
-    provide_tma_scratch()
-    strides = [s for t in (q, k, v, do, dk, dv) for s in t.stride()[:3]]  # every D stride is 1
+    m, n = cfg.block_m, cfg.block_n
+    strides = [s for t in (dk, dv) for s in t.stride()[:3]]  # every D stride is 1
     return _launch(
-        flash_bwd_dkdv_hopper_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk,
-        dv, *strides, heads, seq_len_q, seq_len_k, params.softmax_scale, HEAD_DIM=head_dim, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, CAUSAL=params.causal, num_warps=cfg.num_warps,
-        maxnreg=cfg.maxnreg,
+        flash_bwd_dkdv_hopper_kernel, (_cdiv(seq_len_k, n), batch * heads), head_descriptor(q, m),
+        head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), lse, delta, dk, dv, *strides, heads,
+        seq_len_q, seq_len_k, params.softmax_scale, STAGES=cfg.num_stages, CAUSAL=params.causal,
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

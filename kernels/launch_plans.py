@@ -10,19 +10,21 @@ binding, so masks built afresh inside every compiled call cost nothing here.
 
 A plan keeps its tensors' positions, not the tensors, except those of a mask (document ids, block mask,
 schedule), which it keeps bound for as long as that mask lives: plans of a mask live in a table that forgets them
-with it. Binding refuses (and the signature keeps the full path) if a launch took any other tensor, such as a
-temporary copy made inside a launch function, which a replay would otherwise reuse.
+with it. A host-made tensor descriptor of a call's tensor (the Gluon passes take them) is kept without its tensor
+and given the call's at each replay. Binding refuses (and the signature keeps the full path) if a launch took any
+other tensor, such as a temporary copy made inside a launch function, which a replay would otherwise reuse.
 
 `ENABLED = False` turns replays off (benchmarks compare both ways in one process).
 """
 
+import copy
 import weakref
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from .fast_launch import int_width
+from .fast_launch import DESCRIPTOR_TYPES, int_width
 from .launch import Launch, provide_tma_scratch
 from .tile_schedule import FlashMask
 
@@ -34,24 +36,26 @@ SCALARS = ("seed", "offset_lo", "offset_hi")  # the kernels' per-call ints, afte
 class LaunchPlan:
     """The launches of one call signature, bound; `plan(values)` replays them with that call's values."""
 
-    __slots__ = ("launches", "mask_tensors")
+    __slots__ = ("descriptors", "launches", "mask_tensors")
 
-    def __init__(self, launches: list, mask_tensors: list[Tensor]) -> None:
+    def __init__(self, launches: list, mask_tensors: list[Tensor], descriptors: list[tuple]) -> None:
         self.launches = launches
         self.mask_tensors = mask_tensors  # bound by address: kept alive with the plan
+        self.descriptors = descriptors  # (descriptor without its tensor, index of the call's tensor in values)
 
     @classmethod
     def bind(cls, launches: Sequence[Launch], values: Sequence, mask: FlashMask) -> "LaunchPlan | None":
         """Plan `launches`, made with `values` (the call's tensors, None where absent, then its SCALARS). None if
-        they cannot be replayed: a launch took a tensor that is neither among values nor the mask's, two values
-        are one tensor (their positions would be ambiguous), or launches do not take the direct path."""
+        they cannot be replayed: a launch took a tensor (or a descriptor of one) that is neither among values nor
+        the mask's, two values are one tensor (their positions would be ambiguous), or launches do not take the
+        direct path."""
         tensors = {id(t): i for i, t in enumerate(values) if isinstance(t, Tensor)}
         if len(tensors) != sum(isinstance(t, Tensor) for t in values):
             return None
         mask_tensors = (mask.document_ids, mask.block_mask, mask.schedule)
         owned = {t.untyped_storage().data_ptr() for t in mask_tensors if t is not None}
         first_scalar = len(values) - len(SCALARS)
-        bound, kept = [], []
+        bound, kept, descriptors = [], [], []
         for launch in launches:
             slots, baked = [], []
             for position, arg in enumerate(launch.args):
@@ -63,6 +67,14 @@ class LaunchPlan:
                         baked.append(position)
                     else:
                         return None
+                elif isinstance(arg, DESCRIPTOR_TYPES):
+                    index = tensors.get(id(arg.base))
+                    if index is None:
+                        return None
+                    slots.append((position, len(values) + len(descriptors)))  # after the values: see __call__
+                    template = copy.copy(arg)
+                    template.base = None
+                    descriptors.append((template, index))
             names = launch.kernel.arg_names[: len(launch.args)]
             slots += [(names.index(name), first_scalar + i) for i, name in enumerate(SCALARS) if name in names]
             replay = launch.bind(slots)
@@ -72,12 +84,17 @@ class LaunchPlan:
                 kept.append(replay.args[position])
                 replay.args[position] = pointer(replay.args[position])
             bound.append(replay)
-        return cls(bound, kept)
+        return cls(bound, kept, descriptors)
 
     def __call__(self, values: Sequence) -> None:
         provide_tma_scratch()  # per thread: autograd runs the backward on its own
         stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
         arguments = [pointer(v) if isinstance(v, Tensor) else v for v in values]
+        for template, index in self.descriptors:  # the call's tensors in the plan's descriptors
+            descriptor = object.__new__(type(template))  # a copy without copy.copy's ~5 µs
+            descriptor.__dict__.update(template.__dict__)
+            descriptor.base = values[index]
+            arguments.append(descriptor)
         for launch in self.launches:
             launch(arguments, stream)
 

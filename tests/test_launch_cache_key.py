@@ -90,3 +90,22 @@ def test_another_triton_release_takes_tritons_own_path_on_every_call(monkeypatch
             launcher((2, 3), *_args(), BLOCK=16)
     assert [(grid, constexprs) for grid, _, constexprs in kernel.calls] == [((2, 3), {"BLOCK": 16})] * 3
     assert not launcher._entries
+
+
+def _descriptor(t: torch.Tensor, rows: int):
+    from flashgpt.kernels.gluon_common import head_descriptor
+
+    return head_descriptor(t, rows)
+
+
+def test_a_tensor_descriptor_is_keyed_by_what_triton_specialises_it_on(launcher):
+    """Triton compiles a host-made descriptor as `tensordesc<dtype[tile], layout>`: other data, shape or strides of
+    the same tile reuse the kernel, another tile or dtype does not."""
+    args = lambda d: (d, None, 64, 5, 0.5)
+    q = torch.zeros(2, 3, 256, 64, dtype=torch.bfloat16)
+    key = launcher.key(0, args(_descriptor(q, 64)), {"BLOCK": 16})
+    other = torch.zeros(1, 4, 1000, 64, dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
+    assert launcher.key(0, args(_descriptor(other, 64)), {"BLOCK": 16}) == key
+    assert launcher.key(0, args(_descriptor(q, 128)), {"BLOCK": 16}) != key
+    assert launcher.key(0, args(_descriptor(q.half(), 64)), {"BLOCK": 16}) != key
+    assert launcher.key(0, args(q), {"BLOCK": 16}) != key

@@ -12,6 +12,7 @@ checks replays bit for bit against the full path.)
 
 import gc
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from test_kernel_masks import make_masks
 from flashgpt.kernels import flash_attention, flash_mask, launch_plans
 from flashgpt.kernels.attention_op import _draw_rng_state, _params
 from flashgpt.kernels.fast_launch import BoundLaunch
-from flashgpt.kernels.launch import Launch
+from flashgpt.kernels.launch import NO_MASKS, Launch
 
 
 @pytest.fixture
@@ -142,3 +143,52 @@ def test_plans_keep_no_call_tensor_and_no_mask_alive(interpreted_replays):
     del mask, q, k, v, o
     gc.collect()
     assert [ref() for ref in held] == [None] * len(held)
+
+
+def test_a_plan_gives_its_descriptors_each_call_s_tensors_and_keeps_none(monkeypatch):
+    """A launch that took host-made tensor descriptors (the Gluon passes) replays with descriptors of the call's own
+    tensors, the same tile, layout, shape and strides; the plan holds no tensor of the call it was bound at; and a
+    descriptor of a tensor outside the call's values makes binding refuse."""
+    from flashgpt.kernels.gluon_common import head_descriptor
+
+    received: list[tuple] = []
+
+    def bind(self: Launch, slots):
+        return BoundLaunch(lambda *run_args: received.append(run_args[9:]), (1, 1, 1), None, None, list(self.args),
+                           slots)  # fmt: skip
+
+    monkeypatch.setattr(Launch, "bind", bind)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+
+    kernel = SimpleNamespace(arg_names=("q_desc", "k_desc", "O"))  # only its argument names are read
+
+    def values_of_a_call() -> list:
+        q, k = (torch.randn(1, 2, 100, 64).bfloat16() for _ in range(2))
+        return [q, k, torch.empty_like(q), 0, 0, 0]
+
+    def launches(values) -> list[Launch]:
+        q, k, o = values[:3]
+        return [Launch(kernel, (1, 1), (head_descriptor(q, 64), head_descriptor(k, 128), o), {})]
+
+    first = values_of_a_call()
+    plan = launch_plans.LaunchPlan.bind(launches(first), first, NO_MASKS)
+    assert plan is not None
+    held = [weakref.ref(t) for t in first[:3]]
+    del first
+    gc.collect()
+    assert [ref() for ref in held] == [None] * 3
+    call = values_of_a_call()
+    plan(call)
+    (q_desc, k_desc, o), = received  # fmt: skip
+    for descriptor, tensor, rows in ((q_desc, call[0], 64), (k_desc, call[1], 128)):
+        want = head_descriptor(tensor, rows)
+        assert descriptor.base is tensor
+        assert (descriptor.shape, descriptor.strides, descriptor.block_shape) == (want.shape, want.strides,
+                                                                                  want.block_shape)  # fmt: skip
+        assert descriptor.layout == want.layout
+    assert o == call[2].data_ptr()
+
+    foreign = values_of_a_call()
+    other = launches(values_of_a_call())
+    assert launch_plans.LaunchPlan.bind(other, foreign, NO_MASKS) is None

@@ -1,6 +1,8 @@
 """The launch-configuration lookup: the committed H100 table covers what the benchmark and GPT-2 run, and every entry
 is a valid configuration."""
 
+import itertools
+
 import pytest
 import torch
 import tune_attention  # scripts/tune_attention.py, on pytest's pythonpath
@@ -138,7 +140,7 @@ _TILE_UNITS = {
 @pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
 def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pass):
     """Dense, causal, without dropout, at the T buckets and head dims of the table's section for the pass (bf16, and
-    fp16 with the same tiles); never at a shape it does not list, e.g. T <= 2K where both measured slower or even,
+    fp16 with the same tiles); never at a shape it does not list (where the Triton pass measured faster or even),
     nor in fp32."""
     entries = _tuned_file()[kernel_pass]
     assert entries
@@ -153,8 +155,9 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
         assert hopper_config(kernel_pass, head_dim, "float16", True, seq_len) == LaunchConfig(**cfg), key
         assert hopper_config(kernel_pass, head_dim, "bfloat16", False, seq_len) is None  # not measured non-causal
         assert hopper_config(kernel_pass, head_dim, "float32", True, seq_len) is None
-    assert hopper_config(kernel_pass, 64, "bfloat16", True, 1024) is None
-    assert hopper_config(kernel_pass, 64, "bfloat16", True, 2048) is None
+    for head_dim, seq_len in itertools.product((64, 128), SEQ_LEN_BUCKETS):
+        listed = table_key(kernel_pass, head_dim, "bfloat16", True, False, seq_len) in entries
+        assert (hopper_config(kernel_pass, head_dim, "bfloat16", True, seq_len) is not None) == listed
     assert hopper_config(kernel_pass, 64, "bfloat16", True, 16384) is not None  # GPT-2's head dim at long T
 
 
@@ -191,7 +194,8 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_without_dropout_and_descripto
     expected = hopper_config(kernel_pass, 64, "bfloat16", True, 16384)
     assert expected is not None and decide() == expected
     assert decide(dtype=torch.float16) == expected
-    assert decide(seq_len=1024) is None
+    for seq_len in SEQ_LEN_BUCKETS:  # the table decides the T (it lists some buckets and not others)
+        assert decide(seq_len=seq_len) == hopper_config(kernel_pass, 64, "bfloat16", True, seq_len)
     assert decide(dtype=torch.float32) is None
     assert decide(dropout=0.1) is None
     assert decide(masks=replace(launch.NO_MASKS, window_size=256)) is None

@@ -7,7 +7,8 @@ forward and of every Gluon variant are compared with float64 `reference_attentio
 (medians of `triton.testing.do_bench`): the Triton forward at its tuned configuration, the Gluon forward at each
 of --configs ("BM,BN,4,STAGES[,maxnreg=N][,first|,overlap][@D,D]"; BM = 64, 128 or 192 math rows a program, i.e.
 one to three math warpgroups; "first" and "overlap" run the first version, `flash_fwd_hopper_overlap.py`, without
-or with its OVERLAP), and cuDNN's and FlashAttention-2's forwards through SDPA (inputs requiring grad, so that they
+or with its OVERLAP; "host" runs `flash_fwd_hopper_host_desc.py`, the kept one with descriptors made on the host,
+in timings only), and cuDNN's and FlashAttention-2's forwards through SDPA (inputs requiring grad, so that they
 keep the LSE as ours does). 16K tokens a call, causal, bf16; H = 12 at D = 64, 16 at D = 128.
 
     PYTHONPATH=. python results/tuning/h200-2026-11-27-gluon-fwd/ab_gluon_fwd.py --head-dims 64,128 \
@@ -33,13 +34,38 @@ from flashgpt.kernels.launch import AttentionParams, launch_forward, launch_forw
 from flashgpt.kernels.tuning import LaunchConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
+import flash_fwd_hopper_host_desc  # kept beside this script: descriptors made on the host
 import flash_fwd_hopper_overlap  # kept beside this script: the first version, with OVERLAP
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 
-def run_variant(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, overlap: bool | None) -> None:
-    """The kept forward (overlap None), or the first version with OVERLAP on or off."""
+def host_descriptors(q, k, v, cfg: LaunchConfig) -> list:
+    """Descriptors of q, k, v viewed as (B·H·T, D) (contiguous), in tiles of 64 query rows / block_n key rows."""
+    descs = []
+    for t, rows in ((q, 64), (k, cfg.block_n), (v, cfg.block_n)):
+        flat = t.reshape(-1, t.shape[-1])
+        layout = gl.NVMMASharedLayout.get_default_for(
+            [rows, t.shape[-1]], gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+        )
+        descs.append(TensorDescriptor.from_tensor(flat, [rows, t.shape[-1]], layout))
+    return descs
+
+
+def run_variant(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, overlap) -> None:
+    """The kept forward (overlap None), the first version with OVERLAP on or off, or ("host") the kept one with
+    descriptors made on the host."""
     if overlap is None:
         launch_forward_hopper(q, k, v, o, lse, params, cfg)
+        return
+    if overlap == "host":
+        batch, heads, seq_len_q, head_dim = q.shape
+        options = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
+        flash_fwd_hopper_host_desc.flash_fwd_hopper_kernel[(triton.cdiv(seq_len_q, cfg.block_m), batch * heads)](
+            *host_descriptors(q, k, v, cfg), o, lse, *o.stride()[:3], heads, seq_len_q, k.shape[2],
+            params.softmax_scale, HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+            CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal, num_warps=4, **options,
+        )  # fmt: skip
         return
     batch, heads, seq_len_q, head_dim = q.shape
     launch.provide_tma_scratch()
@@ -53,11 +79,12 @@ def run_variant(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, ove
 
 
 def parse(text: str) -> tuple[str, LaunchConfig, bool | None, list[int]]:
-    """BM,BN,4,STAGES[,maxnreg=N][,first|,overlap][@D,D]: first, overlap: the first version without or with it."""
+    """BM,BN,4,STAGES[,maxnreg=N][,first|,overlap|,host][@D,D]: first, overlap: the first version without or with
+    it; host: descriptors made on the host (contiguous inputs, T a multiple of the tiles: timings only)."""
     spec, _, dims = text.partition("@")
     fields = spec.split(",")
-    overlap = True if "overlap" in fields else False if "first" in fields else None
-    cfg = LaunchConfig.parse(",".join(f for f in fields if f not in ("overlap", "first")))
+    overlap = True if "overlap" in fields else False if "first" in fields else "host" if "host" in fields else None
+    cfg = LaunchConfig.parse(",".join(f for f in fields if f not in ("overlap", "first", "host")))
     return spec, cfg, overlap, [int(d) for d in dims.split(",")] if dims else [64, 128]
 
 
@@ -84,7 +111,7 @@ def check(variants, head_dims, dtypes) -> list[dict]:
         torch.cuda.synchronize()
         err = {"triton": ((o.double() - ref_o).abs().max().item(), (lse.double() - ref_lse).abs().max().item())}
         for spec, cfg, overlap, dims in variants:
-            if head_dim not in dims:
+            if head_dim not in dims or overlap == "host":
                 continue
             o.fill_(float("nan"))
             lse.fill_(float("nan"))
@@ -124,6 +151,14 @@ def time_shapes(variants, head_dims, seq_lens, rounds) -> list[dict]:
             q, k, v, o, lse, params = setup(batch, heads, seq_len, seq_len, head_dim, True)
             tuned = tuned_config("fwd", q, params)
             runs = make_runs(variants, head_dim, q, k, v, o, lse, params, tuned)
+            runs["triton"]()
+            reference = o.clone()
+            diffs = {}
+            for name in runs:
+                if name not in ("triton", "cudnn", "fa2"):
+                    o.fill_(float("nan"))
+                    runs[name]()
+                    diffs[name] = (o.float() - reference.float()).abs().max().item()
             times = {name: [] for name in runs}
             for _ in range(rounds):
                 for name, run in runs.items():
@@ -131,6 +166,7 @@ def time_shapes(variants, head_dims, seq_lens, rounds) -> list[dict]:
             ms = {name: statistics.median(t) for name, t in times.items()}
             flops = 4 * batch * heads * seq_len**2 * head_dim * 0.5
             rows.append({"D": head_dim, "T": seq_len, "B": batch, "H": heads, "ms": ms, "tuned_triton": str(tuned),
+                         "max_abs_diff_o_vs_triton": diffs,
                          "tflops": {n: flops / t / 1e9 for n, t in ms.items()}})  # fmt: skip
             print(f"D={head_dim} T={seq_len}", flush=True)
             for name, t in ms.items():

@@ -1,0 +1,247 @@
+"""Experiment: the kept Gluon forward with tensor descriptors made on the host, over q, k, v viewed as (B·H·T, D)
+(contiguous inputs, T a multiple of the tiles): does in-kernel descriptor setup cost the short sequences? Original
+docstring:
+
+The forward for Hopper, in Gluon: warp-specialised, one to three math warpgroups a program, every product
+asynchronous.
+
+Same math as `flash_fwd.py` (base 2, log2 e folded into the scale), dense and without dropout:
+
+    s = q·kᵀ,  m' = max(m, rowmax(s)·scale·log2 e),  p = exp2(s·scale·log2 e − m'),  α = exp2(m − m'),
+    l' = α·l + rowsum(p),  acc' = α·acc + p·v;   at the end O = acc / l and LSE = (m + log2 l)·ln 2
+
+- **A producer warp** (`_producer`, 24 registers) streams K and V tiles by TMA through a ring of STAGES buffers,
+  K and V with a ready barrier each, so that S can start before V has landed.
+- **CONSUMERS math warpgroups** (`_consumer`, one to three), each owning 64 query rows of the program's BLOCK_M =
+  64 · CONSUMERS: they share every K/V tile, which divides the loads per query row, and the warp schedulers run one's
+  softmax while another's products run. Each warpgroup issues S = Q·Kᵀ of a tile once its K lands, waits for it
+  (which also retires the previous tile's p·v and hands that tile's buffer back), computes the softmax, rescales acc
+  and issues acc += p·V with p in registers as the product's left operand, left in flight into the next step.
+  (Issuing S of the next tile ahead of p·v, FlashAttention-3's intra-warpgroup overlap, measured slower:
+  `results/tuning/h200-2026-11-27-gluon-fwd/`.)
+- Key tiles are walked from key 0 up: the first is peeled (and masked), so that every row has seen a key before
+  its running max is used and the in-flight accumulator never merges with registers the warps wrote (which makes
+  ptxas serialise every product of the kernel: warning C7515); then the tiles every row sees whole, without
+  masks; then the tiles crossing the causal diagonal or the end of the keys.
+
+Tq ≤ Tk (causal: aligned to the bottom right), any T: key rows past Tk and query rows past Tq arrive as zeros from
+the descriptors; the former are masked, the latter computed and not stored. bf16 or fp16; the tensors must suit
+tensor descriptors (`launch.hopper_launch_config` checks). Gluon has no interpreter path: the CPU tests compile this
+pass for sm_90a (`tests/test_kernel_codegen.py`), and `scripts/bench_attention.py` checks it on the GPU.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from flashgpt.kernels.gluon_common import LOG2E, mma_layout
+
+LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+ROWS: gl.constexpr = gl.constexpr(64)  # query rows a math warpgroup owns
+
+
+@gluon.jit
+def _producer(descs, ring, n_tiles, k_row0):
+    """Fill the ring: key tile t into buffer t mod STAGES, once every math warpgroup has handed that buffer back."""
+    k_desc, v_desc = descs
+    k_ready, v_ready, empty, k_ring, v_ring = ring
+    STAGES: gl.constexpr = k_ring.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    for tile in range(n_tiles):
+        slot = tile % STAGES
+        mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
+        start_n = k_row0 + tile * BLOCK_N
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_ready.index(slot), k_ring.index(slot))
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_ready.index(slot), v_ring.index(slot))
+
+
+@gluon.jit
+def _issue_s(q_smem, ring, tile):
+    """Issue S = Q·Kᵀ of key tile `tile` once its K has landed."""
+    k_ready, k_ring = ring[0], ring[3]
+    STAGES: gl.constexpr = k_ring.shape[0]
+    BLOCK_N: gl.constexpr = k_ring.shape[1]
+    s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_N)
+    slot = tile % STAGES
+    mbarrier.wait(k_ready.index(slot), (tile // STAGES) & 1)
+    zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    return warpgroup_mma(q_smem, k_ring.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_pv(acc, p, ring, tile):
+    """Issue acc += p·V of key tile `tile` (p in registers) once its V has landed."""
+    v_ready, v_ring = ring[1], ring[4]
+    STAGES: gl.constexpr = v_ring.shape[0]
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
+    slot = tile % STAGES
+    mbarrier.wait(v_ready.index(slot), (tile // STAGES) & 1)
+    v_tile = v_ring.index(slot)
+    return warpgroup_mma(gl.convert_layout(p.to(v_tile.dtype), p_layout), v_tile, acc, is_async=True)
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """The online-softmax update of (m, l) with tile `tile`'s scores s; returns p (fp32), α, m', l'."""
+    offs_m, shift, seq_len_k = rows
+    BLOCK_N: gl.constexpr = s.shape[1]
+    if MASKED:
+        offs_n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+        if CAUSAL:  # n ≤ m + shift implies n < Tk for every row that is stored
+            s = gl.where(offs_n[None, :] <= (offs_m + shift)[:, None], s, float("-inf"))
+        else:
+            s = gl.where((offs_n < seq_len_k)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _rescale(acc, alpha):
+    return acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+
+
+@gluon.jit
+def _step(state, q_smem, ring, tile, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+    """One key tile: S and the previous p·v retire together, then p·v of this tile is issued and left in
+    flight."""
+    acc, m_i, l_i = state
+    empty = ring[2]
+    STAGES: gl.constexpr = empty.shape[0]
+    s = _issue_s(q_smem, ring, tile)
+    s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+    mbarrier.arrive(empty.index((tile - 1) % STAGES), count=1)  # the previous tile's K and V are read
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL, MASKED)
+    acc = _issue_pv(_rescale(acc, alpha), p, ring, tile)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL: gl.constexpr):
+    """Key tiles 1 … n_tiles − 1, from the first tile's p·v in flight; returns (acc, m, l) with the last p·v
+    landed."""
+    n_tiles, n_full = tiles
+    for tile in range(1, n_full):
+        state = _step(state, q_smem, ring, tile, rows, qk_scale, CAUSAL, False)
+    for tile in range(gl.maximum(n_full, 1), n_tiles):
+        state = _step(state, q_smem, ring, tile, rows, qk_scale, CAUSAL, True)
+    acc, m_i, l_i = state
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,)), m_i, l_i
+
+
+@gluon.jit
+def _consumer(q_smem, q_ready, ring, tiles, rows, outs, qk_scale, CAUSAL: gl.constexpr):
+    """One math warpgroup's 64 rows: the walk over the key tiles, then O and LSE."""
+    n_tiles = tiles[0]
+    row0, shift, seq_len_k = rows
+    o_ptrs, lse_ptrs, stride_ot, seq_len_q = outs
+    empty, v_ring = ring[2], ring[4]
+    STAGES: gl.constexpr = v_ring.shape[0]
+    HEAD_DIM: gl.constexpr = v_ring.shape[2]
+    BLOCK_N: gl.constexpr = v_ring.shape[1]
+    s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_N)
+    acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
+    offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    rows = (offs_m, shift, seq_len_k)
+    mbarrier.wait(q_ready, 0)
+
+    # The first tile, peeled: key 0 is seen by every row, so m is finite from here on.
+    s = _issue_s(q_smem, ring, 0)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+    p, _, m_i, l_i = _softmax(s, m_i, l_i, 0, rows, qk_scale, CAUSAL, True)
+    zeros = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
+    state = (_issue_pv(zeros, p, ring, 0), m_i, l_i)
+    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL)
+    mbarrier.arrive(empty.index((n_tiles - 1) % STAGES), count=1)
+
+    o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, acc_layout))[:, None]
+    rows_out = gl.convert_layout(offs_m, gl.SliceLayout(1, acc_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
+    row_ok = rows_out < seq_len_q
+    gl.store(o_ptrs + rows_out[:, None] * stride_ot + cols[None, :], o.to(q_smem.dtype), mask=row_ok[:, None])
+    gl.store(lse_ptrs + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < seq_len_q)
+
+
+@gluon.jit
+def flash_fwd_hopper_kernel(
+    q_desc,
+    k_desc,
+    v_desc,
+    O,  # noqa: E741
+    LSE,
+    stride_ob,
+    stride_oh,
+    stride_ot,
+    n_heads,
+    seq_len_q,
+    seq_len_k,
+    softmax_scale,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+    CAUSAL: gl.constexpr,
+):
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = ROWS * CONSUMERS
+    n_blocks_m = gl.cdiv(seq_len_q, BLOCK_M)
+    pid_m = (n_blocks_m - 1 - gl.program_id(0)) if CAUSAL else gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    start_m = pid_m * BLOCK_M
+    q_row0 = bh * seq_len_q
+    k_row0 = bh * seq_len_k
+
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
+    ring = (
+        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
+        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
+        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout),
+    )
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ring[0].index(i), count=1)
+        mbarrier.init(ring[1].index(i), count=1)
+        mbarrier.init(ring[2].index(i), count=CONSUMERS)
+    fence_async_shared()
+
+    shift = seq_len_k - seq_len_q
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(start_m + BLOCK_M + shift, seq_len_k), BLOCK_N)
+        n_full = (start_m + shift + 1) // BLOCK_N
+    else:
+        n_tiles = gl.cdiv(seq_len_k, BLOCK_N)
+        n_full = seq_len_k // BLOCK_N
+
+    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [q_row0 + start_m + c * ROWS, 0], q_ready, q_smem.index(c))
+
+    o_ptrs = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+    lse_ptrs = LSE + bh.to(gl.int64) * seq_len_q
+    outs = (o_ptrs, lse_ptrs, stride_ot, seq_len_q)
+    tiles = (n_tiles, n_full)
+    qk_scale = softmax_scale * LOG2E
+    consumer0 = (q_smem.index(0), q_ready, ring, tiles, (start_m, shift, seq_len_k), outs, qk_scale, CAUSAL)
+    producer = ((k_desc, v_desc), ring, n_tiles, k_row0)
+    if CONSUMERS == 1:
+        gl.warp_specialize([(_consumer, consumer0), (_producer, producer)], [1], [24])
+    else:
+        consumer1 = (q_smem.index(1), q_ready, ring, tiles, (start_m + ROWS, shift, seq_len_k), outs, qk_scale, CAUSAL)
+        gl.warp_specialize([(_consumer, consumer0), (_consumer, consumer1), (_producer, producer)], [4, 1], [232, 24])
