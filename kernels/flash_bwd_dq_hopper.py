@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.runtime.jit import constexpr_function
 
-from .gluon_common import LOG2E, load_head_tile, mma_layout, tile_layout
+from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, tile_layout
 
 
 @constexpr_function
@@ -222,13 +222,7 @@ def flash_bwd_dq_hopper_kernel(
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    # Causal query tiles near the end see the most key tiles: launch them first.
-    n_blocks_m = gl.cdiv(seq_len_q, BLOCK_M)
-    pid_m = (n_blocks_m - 1 - gl.program_id(0)) if CAUSAL else gl.program_id(0)
-    bh = gl.program_id(1)
-    b = bh // n_heads
-    h = bh % n_heads
-    start_m = pid_m * BLOCK_M
+    start_m, b, h, bh = query_tile_program(seq_len_q, n_heads, BLOCK_M, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype))
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype))
@@ -245,15 +239,10 @@ def flash_bwd_dq_hopper_kernel(
         mbarrier.init(ring[1].index(i), count=1)
     fence_async_shared()
 
-    # Key tiles [0, n_tiles) hold keys this tile's rows see; the top n_masked cross the diagonal (shift: Tk − Tq)
-    # or the end of the keys, the others are seen whole by every row.
+    # The top n_masked key tiles cross the diagonal or the end of the keys; the others are seen whole by every row.
+    n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
+    n_masked = n_tiles - n_full
     shift = seq_len_k - seq_len_q
-    if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(start_m + BLOCK_M + shift, seq_len_k), BLOCK_N)
-        n_masked = n_tiles - (start_m + shift + 1) // BLOCK_N
-    else:
-        n_tiles = gl.cdiv(seq_len_k, BLOCK_N)
-        n_masked = n_tiles - seq_len_k // BLOCK_N
 
     mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes)
     load_head_tile(q_desc, b, h, start_m, qdo_ready, q_smem)

@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import LOG2E, load_head_tile, mma_layout, tile_layout
+from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, tile_layout
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 ROWS: gl.constexpr = gl.constexpr(64)  # query rows a math warpgroup owns
@@ -193,13 +193,7 @@ def flash_fwd_hopper_kernel(
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = ROWS * CONSUMERS
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    # Causal query tiles near the end see the most key tiles: launch them first.
-    n_blocks_m = gl.cdiv(seq_len_q, BLOCK_M)
-    pid_m = (n_blocks_m - 1 - gl.program_id(0)) if CAUSAL else gl.program_id(0)
-    bh = gl.program_id(1)
-    b = bh // n_heads
-    h = bh % n_heads
-    start_m = pid_m * BLOCK_M
+    start_m, b, h, bh = query_tile_program(seq_len_q, n_heads, BLOCK_M, CAUSAL)
     layout: gl.constexpr = tile_layout(ROWS, HEAD_DIM, dtype)  # BLOCK_N rows share it: the swizzle spans 8 rows
 
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], layout)
@@ -218,14 +212,8 @@ def flash_fwd_hopper_kernel(
         mbarrier.init(ring[2].index(i), count=CONSUMERS)  # every math warpgroup hands the buffer back
     fence_async_shared()
 
-    # Key tiles [0, n_tiles) hold keys these rows see; the first n_full are seen whole by every row (shift: Tk − Tq).
+    n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
     shift = seq_len_k - seq_len_q
-    if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(start_m + BLOCK_M + shift, seq_len_k), BLOCK_N)
-        n_full = (start_m + shift + 1) // BLOCK_N
-    else:
-        n_tiles = gl.cdiv(seq_len_k, BLOCK_N)
-        n_full = seq_len_k // BLOCK_N
     mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
         load_head_tile(q_desc, b, h, start_m + c * ROWS, q_ready, q_smem.index(c))

@@ -34,6 +34,31 @@ def load_head_tile(desc, b, h, row, bar, dst):
     tma.async_copy_global_to_shared(desc, [b, h, row, 0], bar, dst.reshape(desc.block_type.shape))
 
 
+@gluon.jit
+def query_tile_program(seq_len_q, n_heads, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """(start_m, b, h, bh) of this program's query tile, for the passes whose programs own query rows:
+    program_id(0) counts query tiles (causal: from the last, which sees the most key tiles, so that those launch
+    first) and program_id(1) = b · H + h."""
+    n_blocks_m = gl.cdiv(seq_len_q, BLOCK_M)
+    pid_m = (n_blocks_m - 1 - gl.program_id(0)) if CAUSAL else gl.program_id(0)
+    bh = gl.program_id(1)
+    return pid_m * BLOCK_M, bh // n_heads, bh % n_heads, bh
+
+
+@gluon.jit
+def key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(n_tiles, n_full): key tiles [0, n_tiles) hold keys that query rows [start_m, start_m + BLOCK_M) see, and
+    the first n_full of them are seen whole by every row (causal: aligned to the bottom right, n ≤ m + Tk − Tq)."""
+    if CAUSAL:
+        shift = seq_len_k - seq_len_q
+        n_tiles = gl.cdiv(gl.minimum(start_m + BLOCK_M + shift, seq_len_k), BLOCK_N)
+        n_full = (start_m + shift + 1) // BLOCK_N
+    else:
+        n_tiles = gl.cdiv(seq_len_k, BLOCK_N)
+        n_full = seq_len_k // BLOCK_N
+    return n_tiles, n_full
+
+
 @functools.cache
 def _tile_layout(dtype: torch.dtype, rows: int, head_dim: int) -> gl.NVMMASharedLayout:
     element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
