@@ -10,7 +10,7 @@ Key per positional argument: a tensor's dtype and whether its address is 16-byte
 descriptor's element type, tile shape, shared-memory layout and padding; an int's value, or, for the kernel's
 `do_not_specialize` arguments (seeds, offsets: different on every call), only its integer width; anything else
 (float, None) by its type alone; with the constexpr keyword arguments (by value) and the current device, that is
-the key. Which positions hold tensors, unspecialised ints and floats follows from the arguments'
+the key. Which positions hold tensors, unspecialised ints, floats and descriptors follows from the arguments'
 types, so it is worked out once per tuple of types and each call only visits those positions (a comprehension
 over every argument cost an H100 host ~35 µs per launch). Launch hooks (profilers) and the interpreter always take
 Triton's own path.

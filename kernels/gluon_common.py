@@ -60,7 +60,7 @@ def key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.
 
 
 @functools.cache
-def _tile_layout(dtype: torch.dtype, rows: int, head_dim: int) -> gl.NVMMASharedLayout:
+def _descriptor_layout(dtype: torch.dtype, rows: int, head_dim: int) -> gl.NVMMASharedLayout:
     element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], element)
 
@@ -70,5 +70,5 @@ def head_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     read as zeros. Made on the host, it reaches the kernel as a launch parameter: a descriptor made in the kernel
     costs every program a global-memory round trip before its first load, which at 1K-4K tokens cost the forward
     10-30% (`results/tuning/h200-2026-11-27-gluon-fwd/`)."""
-    layout = _tile_layout(t.dtype, rows, t.shape[-1])
+    layout = _descriptor_layout(t.dtype, rows, t.shape[-1])
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]], layout)
