@@ -39,10 +39,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashgpt.kernels.gluon_common import LOG2E, head_desc, mma_layout
+from flashgpt.kernels.gluon_common import LOG2E, mma_layout
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 ROWS: gl.constexpr = gl.constexpr(64)  # query rows a math warpgroup owns
+
+
+@gluon.jit
+def head_desc(base, b, h, stride_b, stride_h, stride_t, rows, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
+    """A tensor descriptor of one head's (rows, HEAD_DIM) matrix, in tiles of (BLOCK, HEAD_DIM), made in the kernel
+    (as `kernels/gluon_common.py` did when this version was timed)."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, HEAD_DIM], base.dtype.element_ty)
+    start = base + b.to(gl.int64) * stride_b + h.to(gl.int64) * stride_h
+    return tma.make_tensor_descriptor(start, [rows, HEAD_DIM], [stride_t, 1], [BLOCK, HEAD_DIM], layout)
 
 
 @gluon.jit
