@@ -9,26 +9,33 @@ What Triton's compiler does not express, and this pass does:
 - **A producer warp** (`_producer`, 24 registers) owns a ring of STAGES buffers. It waits until a buffer is handed
   back, starts the TMA loads of a query tile's Q and dO into it, and stores the tile's LSE·log2 e and δ beside
   them (plain loads). It runs up to STAGES tiles ahead, so no load's latency is on the consumer's path.
-- **The consumer warpgroup** (`_consumer`, the launch's num_warps) issues every product as an asynchronous
-  warpgroup MMA and waits for each only where its result is read. It meets no CTA-wide barrier in its loop:
-  a buffer's `ready` mbarrier says it is full, its `empty` mbarrier hands it back.
+- **CONSUMERS math warpgroups** (`_consumer`, one to three), each owning 64 keys of the program's BLOCK_N =
+  64 · CONSUMERS: they share every Q/dO tile, which divides the loads per key, and each walks the query tiles
+  that see its keys, issuing every product as an asynchronous warpgroup MMA and waiting for each only where its
+  result is read. No CTA-wide barrier in the loop: a buffer's `ready` mbarrier says it is full, its `empty`
+  mbarrier (one arrival per warpgroup) hands it back. Causal: a warpgroup hands back at once the program's first
+  query tiles that none of its keys sees.
 
         issue Sᵀ_j, dPᵀ_j │ wait Sᵀ_j (dV_{j−1}, dK_{j−1} retire; their buffer goes back) │ Pᵀ_j ‖ dPᵀ_j runs
         issue dV_j        │ wait dPᵀ_j                                                    │ dSᵀ_j ‖ dV_j runs
         issue dK_j        │ next tile                                                     ‖ dV_j, dK_j run
 
-  Pᵀ and dSᵀ stay in registers as the left operand of their products. The first tile is peeled so that its
-  products, not zeros written by the warps, start dK and dV: an accumulator written by ordinary instructions where
-  paths merge with its product in flight makes ptxas serialise every product of the kernel (warning C7515).
+  Pᵀ and dSᵀ stay in registers as the left operand of their products. At D ≤ 64 so does K, loaded once: a 64-row
+  step of Sᵀ = K·Qᵀ that reads both operands from shared memory is bound by shared-memory bandwidth (2–4% of the
+  pass, `results/tuning/h200-2026-11-27-register-operands/`); at D = 128 the registers are not there (ptxas
+  serialises the products, C7512). A warpgroup's first tile is peeled so that its products, not zeros written by
+  the warps, start dK and dV: an accumulator written by ordinary instructions where paths merge with its product
+  in flight makes ptxas serialise every product of the kernel (warning C7515).
 
-Launched with maxnreg = 128 so that two programs share an SM; the producer's registers go to the consumer (232).
-BLOCK_M is a multiple of 32 (the producer's LSE/δ vector spans its 32 lanes), BLOCK_N of 16 × num_warps.
+Registers: one warpgroup is launched with maxnreg = 128 so that two programs share an SM, and the producer's
+registers go to the consumer (232); three share an SM at 168, 160, 160. BLOCK_M is a multiple of 32 (the
+producer's LSE/δ vector spans its 32 lanes).
 Dense (no window, document or block mask), no dropout, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom
 right), any T: rows past T arrive as zeros with LSE = +inf, so their P is 0. The tensors must suit tensor
 descriptors (`launch.hopper_launch_config` checks).
 Gluon has no interpreter path: the CPU tests compile this pass for sm_90a (`tests/test_kernel_codegen.py`), and
 `scripts/bench_attention.py` checks it against the reference on the GPU; same-process A/B and history:
-`results/tuning/h200-2026-11-27-gluon-dkdv/`.
+`results/tuning/h200-2026-11-27-gluon-dkdv/`, `results/tuning/h200-2026-11-27-dkdv-consumers/`.
 """
 
 from triton.experimental import gluon
@@ -71,13 +78,14 @@ def _producer(descs, ring, rows, lo, n_tiles, b, h):
 @gluon.jit
 def _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, MASKED: gl.constexpr, FIRST: gl.constexpr):
     """One query tile's share of (dK, dV), both still in flight when it returns. MASKED: the tile crosses the
-    causal diagonal. FIRST: the program's first tile, whose products start dK and dV."""
-    k_smem, v_smem = kv
+    causal diagonal. FIRST: the warpgroup's first tile, whose products start dK and dV."""
+    k_op, v_op = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     STAGES: gl.constexpr = q_ring.shape[0]
     BLOCK_M: gl.constexpr = q_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_ring.shape[2]
-    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_op.shape[0]
+    dtype: gl.constexpr = q_ring.dtype
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -88,8 +96,8 @@ def _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, MASKED: gl.c
     q_tile = q_ring.index(slot)
     do_tile = do_ring.index(slot)
     zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
-    sT = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    dpT = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    sT = warpgroup_mma(k_op, q_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    dpT = warpgroup_mma(v_op, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
     lse2 = lse_ring.index(slot).load(row_layout)
     delta = delta_ring.index(slot).load(row_layout)
     if FIRST:
@@ -103,30 +111,49 @@ def _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, MASKED: gl.c
     if MASKED:
         offs_m = lo + tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
         pT = gl.where((offs_m + shift)[None, :] >= offs_n[:, None], pT, 0.0)
-    dv = warpgroup_mma(gl.convert_layout(pT.to(k_smem.dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
+    dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
     dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dpT,))
     dsT = pT * (dpT - delta[None, :])
-    dk = warpgroup_mma(gl.convert_layout(dsT.to(k_smem.dtype), p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
+    dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
     return dk, dv
 
 
 @gluon.jit
-def _consumer(kv, kv_ready, ring, lo, n_tiles, n_masked, outs, start_n, shift, qk_scale, CAUSAL: gl.constexpr):
-    """Walk the query tiles, then write this key tile's dK (times the softmax scale) and dV."""
+def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr):
+    """One warpgroup's 64 keys: walk the query tiles that see them, then write their dK (times the softmax scale)
+    and dV."""
+    kv_ready, ring, tiles, outs, shift, qk_scale = shared
     k_smem = kv[0]
+    empty = ring[1]
+    lo, n_tiles, hi = tiles
     dk_ptrs, dv_ptrs, stride_dkt, stride_dvt, seq_len_k, softmax_scale = outs
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
-    s_layout: gl.constexpr = mma_layout(gl.num_warps(), ring[2].shape[1])
+    BLOCK_M: gl.constexpr = ring[2].shape[1]
+    STAGES: gl.constexpr = ring[2].shape[0]
+    s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    # The program's query tiles [lo, hi) in steps of BLOCK_M: those below `mine` see none of these keys (handed
+    # back unread), those below `free` cross their diagonal. Keys past Tk (a ragged last tile) keep the last query
+    # tile, masked, so that the peeled step always has one.
+    first, free = lo, lo
+    if CAUSAL:
+        first = gl.minimum(gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M, hi - BLOCK_M)
+        free = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
+    mine = (first - lo) // BLOCK_M
+    masked_end = gl.maximum((free - lo) // BLOCK_M, mine + 1)
+    for tile in range(mine):
+        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
+        mbarrier.arrive(empty.index(tile % STAGES), count=1)
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
-    # The first tile is peeled (see the module docstring: C7515). Every key tile meets at least one query tile.
-    dk, dv = _dkdv_step(zeros, zeros, 0, kv, ring, lo, offs_n, shift, qk_scale, CAUSAL, True)
-    for tile in range(1, n_masked):
+    if HEAD_DIM <= 64:  # K as Sᵀ's left operand from registers: the product then reads only Qᵀ from shared memory
+        kv = (k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)), kv[1])
+    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, offs_n, shift, qk_scale, CAUSAL, True)
+    for tile in range(mine + 1, masked_end):
         dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, True, False)
-    for tile in range(gl.maximum(n_masked, 1), n_tiles):
+    for tile in range(masked_end, n_tiles):
         dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, False, False)
     dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
 
@@ -159,23 +186,27 @@ def flash_bwd_dkdv_hopper_kernel(
     seq_len_k,
     softmax_scale,
     STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
 ):
-    """dK, dV (B, H, Tk, D) of the key tile program_id(0) of head program_id(1), from Q, dO (B, H, Tq, D), K, V
-    (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the dQ pass leaves them).
-    Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host
-    (`launch.launch_dkdv_hopper`)."""
+    """dK, dV (B, H, Tk, D) of the key tile program_id(0) (64 · CONSUMERS keys) of head program_id(1), from Q, dO
+    (B, H, Tq, D), K and V (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the
+    dQ pass leaves them). Q and dO arrive as descriptors in tiles of (1, 1, BLOCK_M, D), K and V in tiles of
+    (1, 1, 64, D), all made on the host (`launch.launch_dkdv_hopper`)."""
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    KEYS: gl.constexpr = k_desc.block_type.shape[2]  # a warpgroup's
+    BLOCK_N: gl.constexpr = KEYS * CONSUMERS
+    gl.static_assert(CONSUMERS <= 3, "one to three math warpgroups")
     bh = gl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
     start_n = gl.program_id(0) * BLOCK_N
 
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], tile_layout(BLOCK_N, HEAD_DIM, dtype))
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], tile_layout(BLOCK_N, HEAD_DIM, dtype))
+    kv_layout: gl.constexpr = tile_layout(KEYS, HEAD_DIM, dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
     stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     ring = (
         gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
@@ -189,24 +220,19 @@ def flash_bwd_dkdv_hopper_kernel(
     mbarrier.init(kv_ready, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ring[0].index(i), count=2)  # the expect (TMA bytes) and the LSE/δ stores
-        mbarrier.init(ring[1].index(i), count=1)
+        mbarrier.init(ring[1].index(i), count=CONSUMERS)  # every math warpgroup hands the buffer back
     fence_async_shared()
 
-    # Query tiles [lo, hi) see this key tile; those below `free` cross the diagonal (shift: Tk − Tq).
+    # Query tiles [lo, hi) see some key of this program (causal: shift = Tk − Tq aligns them to the bottom right).
     shift = seq_len_k - seq_len_q
     hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
-        free = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
-    else:
-        lo = 0
-        free = 0
+    lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
     n_tiles = (hi - lo) // BLOCK_M
-    n_masked = (free - lo) // BLOCK_M
 
-    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
-    load_head_tile(k_desc, b, h, start_n, kv_ready, k_smem)
-    load_head_tile(v_desc, b, h, start_n, kv_ready, v_smem)
+    mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        load_head_tile(k_desc, b, h, start_n + c * KEYS, kv_ready, k_smem.index(c))
+        load_head_tile(v_desc, b, h, start_n + c * KEYS, kv_ready, v_smem.index(c))
 
     row_start = bh.to(gl.int64) * seq_len_q
     rows = (LSE + row_start, Delta + row_start, seq_len_q)
@@ -214,12 +240,37 @@ def flash_bwd_dkdv_hopper_kernel(
     dv_ptrs = DV + b.to(gl.int64) * stride_dvb + h.to(gl.int64) * stride_dvh
     outs = (dk_ptrs, dv_ptrs, stride_dkt, stride_dvt, seq_len_k, softmax_scale)
     qk_scale = softmax_scale * LOG2E
-    kv = (k_smem, v_smem)
-    gl.warp_specialize(
-        [
-            (_consumer, (kv, kv_ready, ring, lo, n_tiles, n_masked, outs, start_n, shift, qk_scale, CAUSAL)),
-            (_producer, ((q_desc, do_desc), ring, rows, lo, n_tiles, b, h)),
-        ],
-        [1],
-        [24],
-    )
+    # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
+    # run-time values, and their branches into run-time branches.
+    shared = (kv_ready, ring, (lo, n_tiles, hi), outs, shift, qk_scale)
+    producer = ((q_desc, do_desc), ring, rows, lo, n_tiles, b, h)
+    if CONSUMERS == 1:
+        gl.warp_specialize(
+            [
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL)),
+                (_producer, producer),
+            ],
+            [1],
+            [24],
+        )
+    elif CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL)),
+                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL)),
+                (_producer, producer),
+            ],
+            [4, 1],
+            [232, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL)),
+                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL)),
+                (_consumer, ((k_smem.index(2), v_smem.index(2)), shared, start_n + 2 * KEYS, CAUSAL)),
+                (_producer, producer),
+            ],
+            [4, 4, 1],
+            [160, 160, 24],
+        )

@@ -192,6 +192,7 @@ def flash_fwd_hopper_kernel(
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = ROWS * CONSUMERS
+    gl.static_assert(CONSUMERS <= 3, "one to three math warpgroups")
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     start_m, b, h, bh = query_tile_program(seq_len_q, n_heads, BLOCK_M, CAUSAL)
     layout: gl.constexpr = tile_layout(ROWS, HEAD_DIM, dtype)  # BLOCK_N rows share it: the swizzle spans 8 rows

@@ -21,6 +21,7 @@ CASES = {  # kernel_sass.py's arguments
     "--passes fwd,bwd_dq,bwd_dkdv,bwd_fused",
     "D128 16K blocks": "--head-dim 128 --seq-len 16384 --mask blocks --passes fwd,bwd_dq,bwd_dkdv",
     "D128 4K Gluon": "--head-dim 128 --seq-len 4096 --passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
+    "D64 8K Gluon dK/dV": "--head-dim 64 --seq-len 8192 --passes bwd_dkdv_hopper",  # three math warpgroups
 }
 
 

@@ -127,14 +127,15 @@ def test_tuning_candidates_cover_every_native_head_dim(kernel_pass):
         assert default in tried, f"{kernel_pass} D={head_dim}: default {default} is not a candidate"
 
 
-# What each Gluon pass's tiles must divide: the forward's math warpgroups own 64 query rows each; the dK/dV pass's
-# producer warp loads a query tile's LSE and δ 32 lanes wide, and its consumer's warps split the key rows 16 at a
-# time; the dQ pass's warps split the query rows.
+# What each Gluon pass's tiles must divide: the forward's math warpgroups own 64 query rows each, and the dK/dV
+# pass's 64 keys each (one to three warpgroups, so at most 192 rows); the dK/dV pass's producer warp loads a query
+# tile's LSE and δ 32 lanes wide; the dQ pass's warps split the query rows.
 _TILE_UNITS = {
     "fwd_hopper": lambda cfg: (64, 16),
-    "bwd_dkdv_hopper": lambda cfg: (32, 16 * cfg["num_warps"]),
+    "bwd_dkdv_hopper": lambda cfg: (32, 64),
     "bwd_dq_hopper": lambda cfg: (16 * cfg["num_warps"], 16),
 }
+_WARPGROUP_ROWS = {"fwd_hopper": "block_m", "bwd_dkdv_hopper": "block_n"}
 
 
 @pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
@@ -150,6 +151,8 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
         assert cfg["maxnreg"] and cfg["tma"], key  # the program's register cap (programs an SM); descriptor tiles
         unit_m, unit_n = _TILE_UNITS[kernel_pass](cfg)
         assert cfg["block_m"] % unit_m == 0 and cfg["block_n"] % unit_n == 0, key
+        if kernel_pass in _WARPGROUP_ROWS:
+            assert cfg[_WARPGROUP_ROWS[kernel_pass]] <= 3 * 64, key
         head_dim, seq_len = int(d[1:]), int(bucket[1:])
         assert hopper_config(kernel_pass, head_dim, "bfloat16", True, seq_len) == LaunchConfig(**cfg), key
         assert hopper_config(kernel_pass, head_dim, "float16", True, seq_len) == LaunchConfig(**cfg), key
