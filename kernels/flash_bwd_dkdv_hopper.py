@@ -20,6 +20,17 @@ What Triton's compiler does not express, and this pass does:
         issue dV_j        │ wait dPᵀ_j                                                    │ dSᵀ_j ‖ dV_j runs
         issue dK_j        │ next tile                                                     ‖ dV_j, dK_j run
 
+  At D = 128, dK and dV hold 128 registers a thread, and with Sᵀ and dPᵀ in flight beside them a 64 × 64 step
+  does not fit (ptxas serialises the products, C7512). There dPᵀ is issued late, after dV's product:
+
+        issue Sᵀ_j        │ wait Sᵀ_j (dK_{j−1} retires; the buffer goes back)            │ Pᵀ_j
+        issue dV_j, dPᵀ_j │ wait dPᵀ_j (and dV_j)                                         │ dSᵀ_j
+        issue dK_j        │ next tile                                                     ‖ dK_j runs
+
+  Each warpgroup then waits more, but two of them (a 128-key tile, FlashAttention-3's at this head dim) cover each
+  other's waits. That ran the pass 1.07–1.29× faster than one warpgroup on 32 × 64 tiles
+  (`results/tuning/h200-2026-11-27-dkdv-late-dp/`). At D = 64 the late schedule is 3–10% slower.
+
   Pᵀ and dSᵀ stay in registers as the left operand of their products. At D ≤ 64 so does K, loaded once: a 64-row
   step of Sᵀ = K·Qᵀ that reads both operands from shared memory is bound by shared-memory bandwidth (2–4% of the
   pass, `results/tuning/h200-2026-11-27-register-operands/`); at D = 128 the registers are not there (ptxas
@@ -28,8 +39,9 @@ What Triton's compiler does not express, and this pass does:
   in flight makes ptxas serialise every product of the kernel (warning C7515).
 
 Registers: one warpgroup is launched with maxnreg = 128 so that two programs share an SM, and the producer's
-registers go to the consumer (232); three share an SM at 168, 160, 160. BLOCK_M is a multiple of 32 (the
-producer's LSE/δ vector spans its 32 lanes).
+registers go to the consumer (232); two take 248 and 232 at maxnreg = 168 (one program an SM; at D = 128 ptxas
+keeps 24 bytes of addresses on the stack across the walk, none inside it); three share an SM at 168, 160, 160.
+BLOCK_M is a multiple of 32 (the producer's LSE/δ vector spans its 32 lanes).
 Dense (no window, document or block mask), no dropout, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom
 right), any T: rows past T arrive as zeros with LSE = +inf, so their P is 0. The tensors must suit tensor
 descriptors (`launch.hopper_launch_config` checks).
@@ -76,9 +88,24 @@ def _producer(descs, ring, rows, lo, n_tiles, b, h):
 
 
 @gluon.jit
-def _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, MASKED: gl.constexpr, FIRST: gl.constexpr):
+def _dkdv_step(
+    dk,
+    dv,
+    tile,
+    kv,
+    ring,
+    lo,
+    offs_n,
+    shift,
+    qk_scale,
+    MASKED: gl.constexpr,
+    FIRST: gl.constexpr,
+    LATE_DP: gl.constexpr,
+):
     """One query tile's share of (dK, dV), both still in flight when it returns. MASKED: the tile crosses the
-    causal diagonal. FIRST: the warpgroup's first tile, whose products start dK and dV."""
+    causal diagonal. FIRST: the warpgroup's first tile, whose products start dK and dV. LATE_DP: dPᵀ is issued
+    after dV's product rather than with Sᵀ, so that Sᵀ and dPᵀ are never in flight together (the second schedule
+    in the module docstring)."""
     k_op, v_op = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     STAGES: gl.constexpr = q_ring.shape[0]
@@ -97,22 +124,34 @@ def _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, MASKED: gl.c
     do_tile = do_ring.index(slot)
     zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     sT = warpgroup_mma(k_op, q_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    dpT = warpgroup_mma(v_op, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    if not LATE_DP:
+        dpT = warpgroup_mma(v_op, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
     lse2 = lse_ring.index(slot).load(row_layout)
     delta = delta_ring.index(slot).load(row_layout)
-    if FIRST:
-        sT = warpgroup_mma_wait(num_outstanding=1, deps=(sT,))
+    if LATE_DP:
+        if FIRST:
+            sT = warpgroup_mma_wait(num_outstanding=0, deps=(sT,))
+        else:
+            sT, dk = warpgroup_mma_wait(num_outstanding=0, deps=(sT, dk))
+            mbarrier.arrive(empty.index((tile - 1) % STAGES), count=1)
     else:
-        # Retires the previous tile's dV and dK products with Sᵀ: their buffer goes back to the producer.
-        sT, dk, dv = warpgroup_mma_wait(num_outstanding=1, deps=(sT, dk, dv))
-        mbarrier.arrive(empty.index((tile - 1) % STAGES), count=1)
+        if FIRST:
+            sT = warpgroup_mma_wait(num_outstanding=1, deps=(sT,))
+        else:
+            # Retires the previous tile's dV and dK products with Sᵀ: their buffer goes back to the producer.
+            sT, dk, dv = warpgroup_mma_wait(num_outstanding=1, deps=(sT, dk, dv))
+            mbarrier.arrive(empty.index((tile - 1) % STAGES), count=1)
 
     pT = gl.exp2(sT * qk_scale - lse2[None, :])
     if MASKED:
         offs_m = lo + tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
         pT = gl.where((offs_m + shift)[None, :] >= offs_n[:, None], pT, 0.0)
     dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
-    dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dpT,))
+    if LATE_DP:
+        dpT = warpgroup_mma(v_op, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dpT, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dpT, dv))
+    else:
+        dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dpT,))
     dsT = pT * (dpT - delta[None, :])
     dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
     return dk, dv
@@ -150,11 +189,12 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr):
     mbarrier.wait(kv_ready, 0)
     if HEAD_DIM <= 64:  # K as Sᵀ's left operand from registers: the product then reads only Qᵀ from shared memory
         kv = (k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)), kv[1])
-    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, offs_n, shift, qk_scale, CAUSAL, True)
+    LATE_DP: gl.constexpr = HEAD_DIM > 64  # dK and dV take 128 registers a thread: Sᵀ and dPᵀ take turns
+    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, offs_n, shift, qk_scale, CAUSAL, True, LATE_DP)
     for tile in range(mine + 1, masked_end):
-        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, True, False)
+        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, True, False, LATE_DP)
     for tile in range(masked_end, n_tiles):
-        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, False, False)
+        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, False, False, LATE_DP)
     dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
 
     rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))

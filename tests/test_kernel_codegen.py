@@ -25,10 +25,15 @@ CASES = {  # kernel_sass.py's arguments
 }
 
 
-# Known spills (bytes of stack the pass may take; more is a regression). Both passes sit at 255 registers: the fused
-# backward with documents and dropout spills in its masked loops, and the D = 128 dK/dV pass under a block mask took
-# 96 bytes before its masked runs became one loop (results/tuning/h100-2026-11-26-one-loop/).
-KNOWN_SPILLS = {("D64 4K dropout documents", "bwd_fused"): 72, ("D128 16K blocks", "bwd_dkdv"): 16}
+# Known spills (bytes of stack the pass may take; more is a regression). The Triton passes sit at 255 registers: the
+# fused backward with documents and dropout spills in its masked loops, and the D = 128 dK/dV pass under a block mask
+# took 96 bytes before its masked runs became one loop (results/tuning/h100-2026-11-26-one-loop/). The Gluon dK/dV
+# pass at D = 128 stores a few addresses before its walk and reloads them after it, never inside it.
+KNOWN_SPILLS = {
+    ("D64 4K dropout documents", "bwd_fused"): 72,
+    ("D128 16K blocks", "bwd_dkdv"): 16,
+    ("D128 4K Gluon", "bwd_dkdv_hopper"): 24,  # two warpgroups at 248 and 232: addresses kept across the walk
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
