@@ -373,7 +373,7 @@ def _attention_forward(
     lse = torch.empty((batch, heads, seq_len), device=q.device, dtype=torch.float32)
 
     def launch() -> list:
-        if (hopper := hopper_launch_config("fwd_hopper", q, k, v, None, None, params, masks)) is not None:
+        if (hopper := hopper_launch_config("fwd_hopper", q, k, v, o, None, params, masks)) is not None:
             return [launch_forward_hopper(q, k, v, o, lse, params, hopper)]
         return [launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)]
 

@@ -19,6 +19,8 @@ Same math as `flash_fwd.py` (base 2, log2 e folded into the scale), dense and wi
   its running max is used and the in-flight accumulator never merges with registers the warps wrote (which makes
   ptxas serialise every product of the kernel: warning C7515); then the tiles every row sees whole, without
   masks; then the tiles crossing the causal diagonal or the end of the keys.
+- O leaves by a TMA store from Q's buffer, whole lines at a time, where stores from the accumulator's registers
+  would write 16-byte pieces of many rows.
 
 Tq ≤ Tk (causal: aligned to the bottom right), any T: key rows past Tk and query rows past Tq arrive as zeros from
 the descriptors; the former are masked, the latter computed and not stored. bf16 or fp16; the tensors must suit
@@ -31,6 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -138,7 +141,7 @@ def _consumer(q_smem, q_ready, ring, tiles, rows, outs, qk_scale, CAUSAL: gl.con
     """One math warpgroup's 64 rows: the walk over the key tiles, then O and LSE."""
     n_tiles = tiles[0]
     row0, shift, seq_len_k = rows
-    o_ptrs, lse_ptrs, stride_ot, seq_len_q = outs
+    o_desc, b, h, lse_ptrs, seq_len_q = outs
     empty, v_ring = ring[2], ring[4]
     STAGES: gl.constexpr = v_ring.shape[0]
     HEAD_DIM: gl.constexpr = v_ring.shape[2]
@@ -160,12 +163,14 @@ def _consumer(q_smem, q_ready, ring, tiles, rows, outs, qk_scale, CAUSAL: gl.con
     acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL)
     mbarrier.arrive(empty.index((n_tiles - 1) % STAGES), count=1)
 
+    # O leaves through Q's buffer, free now that every product that read it has retired, by one TMA store: whole
+    # 128-byte lines, and rows past Tq clipped by the descriptor.
     o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, acc_layout))[:, None]
-    rows_out = gl.convert_layout(offs_m, gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    row_ok = rows_out < seq_len_q
-    gl.store(o_ptrs + rows_out[:, None] * stride_ot + cols[None, :], o.to(q_smem.dtype), mask=row_ok[:, None])
+    q_smem.store(o.to(q_smem.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_smem.reshape(o_desc.block_type.shape))
     gl.store(lse_ptrs + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < seq_len_q)
+    tma.store_wait(0)
 
 
 @gluon.jit
@@ -173,11 +178,8 @@ def flash_fwd_hopper_kernel(
     q_desc,
     k_desc,
     v_desc,
-    O,
+    o_desc,
     LSE,
-    stride_ob,
-    stride_oh,
-    stride_ot,
     n_heads,
     seq_len_q,
     seq_len_k,
@@ -219,9 +221,8 @@ def flash_fwd_hopper_kernel(
     for c in gl.static_range(CONSUMERS):
         load_head_tile(q_desc, b, h, start_m + c * ROWS, q_ready, q_smem.index(c))
 
-    o_ptrs = O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
     lse_ptrs = LSE + bh.to(gl.int64) * seq_len_q
-    outs = (o_ptrs, lse_ptrs, stride_ot, seq_len_q)
+    outs = (o_desc, b, h, lse_ptrs, seq_len_q)
     tiles = (n_tiles, n_full)
     qk_scale = softmax_scale * LOG2E
     rows = (start_m, shift, seq_len_k)

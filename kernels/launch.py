@@ -392,8 +392,8 @@ def hopper_launch_config(
     """The configuration of the Gluon pass `kernel_pass` ("fwd_hopper": `flash_fwd_hopper.py`, "bwd_dq_hopper":
     `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`) where the call should take it instead
     of the Triton pass: on Hopper, outside the interpreter, dense and without dropout, bf16 or fp16 (both checked on
-    the GPU), tensors that descriptors fit (o and do: the backward's; None for the forward, which stores O through
-    pointers), a shape the table measured it faster for, and the tested Triton. Else None."""
+    the GPU), tensors that descriptors fit (o: the forward's output or the backward's input; do: the backward's,
+    None for the forward), a shape the table measured it faster for, and the tested Triton. Else None."""
     kernels = {
         "fwd_hopper": flash_fwd_hopper_kernel,
         "bwd_dq_hopper": flash_bwd_dq_hopper_kernel,
@@ -410,13 +410,14 @@ def hopper_launch_config(
 
 def launch_forward_hopper(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig) -> Launch:
     """o (B, H, Tq, D) and lse (B, H, Tq) through the Gluon forward, at cfg (`hopper_launch_config`): a program of
-    cfg.block_m // 64 math warpgroups of 64 query rows each. o must have unit stride along D."""
+    cfg.block_m // 64 math warpgroups of 64 query rows each, which store O by TMA: o must suit a tensor descriptor
+    (`hopper_launch_config` checks, given o)."""
     batch, heads, seq_len_q, _ = q.shape
     return _launch(
         flash_fwd_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), head_descriptor(q, 64),
-        head_descriptor(k, cfg.block_n), head_descriptor(v, cfg.block_n), o, lse, *o.stride()[:3], heads, seq_len_q,
-        k.shape[2], params.softmax_scale, STAGES=cfg.num_stages, CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal,
-        num_warps=4, maxnreg=cfg.maxnreg,
+        head_descriptor(k, cfg.block_n), head_descriptor(v, cfg.block_n), head_descriptor(o, 64), lse, heads,
+        seq_len_q, k.shape[2], params.softmax_scale, STAGES=cfg.num_stages, CONSUMERS=cfg.block_m // 64,
+        CAUSAL=params.causal, num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

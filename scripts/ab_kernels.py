@@ -55,7 +55,7 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
 
     hopper_fwd = None  # versions before the Gluon forward had no "fwd_hopper" pass
     if hasattr(launch, "launch_forward_hopper"):
-        hopper_fwd = launch.hopper_launch_config("fwd_hopper", q, k, v, None, None, params, launch.NO_MASKS)
+        hopper_fwd = launch.hopper_launch_config("fwd_hopper", q, k, v, out["o"], None, params, launch.NO_MASKS)
 
     def forward() -> None:
         if hopper_fwd is not None:

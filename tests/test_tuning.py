@@ -173,8 +173,8 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_without_dropout_and_descripto
     """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
     the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
     causal bf16 or fp16 call without dropout at 16K; None with a mask, dropout, fp32, a T the table does not list,
-    or tensors a tensor descriptor cannot address (the backward's O included; the forward stores O through
-    pointers); None on other GPUs, in the interpreter, and with a Triton release other than the tested one (which
+    or tensors a tensor descriptor cannot address (O included: the forward stores it, the backward reads it); None
+    on other GPUs, in the interpreter, and with a Triton release other than the tested one (which
     imports no Gluon kernel)."""
     from dataclasses import replace
 
@@ -191,7 +191,7 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_without_dropout_and_descripto
             o = o_layout(o)
         params = launch.AttentionParams(True, dropout, 0.125)
         if kernel_pass == "fwd_hopper":
-            o = do = None
+            do = None
         return launch.hopper_launch_config(kernel_pass, q, k, v, o, do, params, masks)
 
     expected = hopper_config(kernel_pass, 64, "bfloat16", True, 16384)
@@ -205,8 +205,7 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_without_dropout_and_descripto
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
     transposed = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
     assert decide(layout=transposed) is None
-    if kernel_pass != "fwd_hopper":
-        assert decide(o_layout=transposed) is None
+    assert decide(o_layout=transposed) is None
     assert decide(layout=lambda t: torch.zeros(1, 2, t.shape[2], 68, dtype=t.dtype)[..., 2:66]) is None
     monkeypatch.setattr(launch, "is_hopper", lambda device: False)
     assert decide() is None
