@@ -55,6 +55,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -165,7 +166,7 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr):
     k_smem = kv[0]
     empty = ring[1]
     lo, n_tiles, hi = tiles
-    dk_ptrs, dv_ptrs, stride_dkt, stride_dvt, seq_len_k, softmax_scale = outs
+    dk_desc, dv_desc, b, h, softmax_scale = outs
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     BLOCK_M: gl.constexpr = ring[2].shape[1]
@@ -197,12 +198,15 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr):
         dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, False, False, LATE_DP)
     dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
 
-    rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    row_ok = (rows < seq_len_k)[:, None]
-    dtype: gl.constexpr = k_smem.dtype
-    gl.store(dk_ptrs + rows[:, None] * stride_dkt + cols[None, :], (dk * softmax_scale).to(dtype), mask=row_ok)
-    gl.store(dv_ptrs + rows[:, None] * stride_dvt + cols[None, :], dv.to(dtype), mask=row_ok)
+    # dK and dV leave by TMA stores through K's and V's buffers, free now that every product that read them has
+    # retired; rows past Tk are clipped by the descriptors.
+    k_smem.store((dk * softmax_scale).to(k_smem.dtype))
+    v_smem = kv[1]
+    v_smem.store(dv.to(v_smem.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [b, h, start_n, 0], k_smem.reshape(dk_desc.block_type.shape))
+    tma.async_copy_shared_to_global(dv_desc, [b, h, start_n, 0], v_smem.reshape(dv_desc.block_type.shape))
+    tma.store_wait(0)
 
 
 @gluon.jit
@@ -213,14 +217,8 @@ def flash_bwd_dkdv_hopper_kernel(
     do_desc,
     LSE,
     Delta,
-    DK,
-    DV,
-    stride_dkb,
-    stride_dkh,
-    stride_dkt,
-    stride_dvb,
-    stride_dvh,
-    stride_dvt,
+    dk_desc,
+    dv_desc,
     n_heads,
     seq_len_q,
     seq_len_k,
@@ -232,7 +230,8 @@ def flash_bwd_dkdv_hopper_kernel(
     """dK, dV (B, H, Tk, D) of the key tile program_id(0) (64 · CONSUMERS keys) of head program_id(1), from Q, dO
     (B, H, Tq, D), K and V (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the
     dQ pass leaves them). Q and dO arrive as descriptors in tiles of (1, 1, BLOCK_M, D), K and V in tiles of
-    (1, 1, 64, D), all made on the host (`launch.launch_dkdv_hopper`)."""
+    (1, 1, 64, D), and dK and dV leave through descriptors of K's tiles, all made on the host
+    (`launch.launch_dkdv_hopper`)."""
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -276,9 +275,7 @@ def flash_bwd_dkdv_hopper_kernel(
 
     row_start = bh.to(gl.int64) * seq_len_q
     rows = (LSE + row_start, Delta + row_start, seq_len_q)
-    dk_ptrs = DK + b.to(gl.int64) * stride_dkb + h.to(gl.int64) * stride_dkh
-    dv_ptrs = DV + b.to(gl.int64) * stride_dvb + h.to(gl.int64) * stride_dvh
-    outs = (dk_ptrs, dv_ptrs, stride_dkt, stride_dvt, seq_len_k, softmax_scale)
+    outs = (dk_desc, dv_desc, b, h, softmax_scale)
     qk_scale = softmax_scale * LOG2E
     # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
     # run-time values, and their branches into run-time branches.

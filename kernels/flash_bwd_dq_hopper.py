@@ -34,6 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -156,7 +157,7 @@ def _consumer(
     the softmax scale)."""
     q_smem = qdo[0]
     heads, row_ptrs, shift, seq_len_q, seq_len_k = stats
-    dq_ptrs, stride_dqt, softmax_scale = outs
+    dq_desc, b, h, softmax_scale = outs
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = ring[2].shape[1]
@@ -179,11 +180,12 @@ def _consumer(
         dq = _dq_step(dq, s, dp, tile, ring, rows, n_tiles, qk_scale, CAUSAL, False, False)
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
 
-    rows_out = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))
-    row_ok = (rows_out < seq_len_q)[:, None]
-    out = (dq * softmax_scale).to(q_smem.dtype)
-    gl.store(dq_ptrs + rows_out[:, None] * stride_dqt + cols[None, :], out, mask=row_ok)
+    # dQ leaves by one TMA store through Q's buffer, free now that every product that read it has retired; rows past
+    # Tq are clipped by the descriptor.
+    q_smem.store((dq * softmax_scale).to(q_smem.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dq_desc, [b, h, start_m, 0], q_smem.reshape(dq_desc.block_type.shape))
+    tma.store_wait(0)
 
 
 @gluon.jit
@@ -197,16 +199,13 @@ def flash_bwd_dq_hopper_kernel(
     LSE,
     DLSE,
     Delta,
-    DQ,
+    dq_desc,
     stride_dob,
     stride_doh,
     stride_dot,
     stride_ob,
     stride_oh,
     stride_ot,
-    stride_dqb,
-    stride_dqh,
-    stride_dqt,
     n_heads,
     seq_len_q,
     seq_len_k,
@@ -216,8 +215,8 @@ def flash_bwd_dq_hopper_kernel(
 ):
     """dQ (B, H, Tq, D) and δ (B·H·Tq fp32) of the query tile program_id(0) of head program_id(1), from Q, dO, O
     (B, H, Tq, D), K, V (B, H, Tk, D), the forward's LSE and, if not None, its gradient DLSE (B·H·Tq fp32 each).
-    Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host
-    (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ."""
+    Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host, and dQ leaves
+    through one of Q's tiles (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ."""
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -258,8 +257,7 @@ def flash_bwd_dq_hopper_kernel(
     HAS_DLSE: gl.constexpr = DLSE is not None
     dlse_row = DLSE + row_start if HAS_DLSE else LSE + row_start  # LSE: a placeholder (a tuple cannot hold None)
     stats = (heads, (LSE + row_start, dlse_row, Delta + row_start), shift, seq_len_q, seq_len_k)
-    dq_ptrs = DQ + b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
-    outs = (dq_ptrs, stride_dqt, softmax_scale)
+    outs = (dq_desc, b, h, softmax_scale)
     qk_scale = softmax_scale * LOG2E
     gl.warp_specialize(
         [

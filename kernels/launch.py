@@ -423,30 +423,31 @@ def launch_forward_hopper(q, k, v, o, lse, params: AttentionParams, cfg: LaunchC
 
 def launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params: AttentionParams, cfg: LaunchConfig) -> Launch:
     """dq (B, H, Tq, D) through the Gluon pass, at cfg (`hopper_launch_config`), which also writes delta =
-    rowsum(dO ∘ O) − dlse for the dK/dV pass, as `launch_dq` does given o. dq must have unit stride along D."""
+    rowsum(dO ∘ O) − dlse for the dK/dV pass, as `launch_dq` does given o. dq is stored by TMA: a tensor descriptor
+    must fit it, as it fits q when dq is q's `empty_like`."""
     batch, heads, seq_len_q, _ = q.shape
     m, n = cfg.block_m, cfg.block_n
-    strides = [s for t in (do, o, dq) for s in t.stride()[:3]]  # every D stride is 1
+    strides = [s for t in (do, o) for s in t.stride()[:3]]  # every D stride is 1
     return _launch(
         flash_bwd_dq_hopper_kernel, (_cdiv(seq_len_q, m), batch * heads), head_descriptor(q, m),
-        head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), do, o, lse, dlse, delta, dq, *strides,
-        heads, seq_len_q, k.shape[2], params.softmax_scale, STAGES=cfg.num_stages, CAUSAL=params.causal,
-        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
+        head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), do, o, lse, dlse, delta,
+        head_descriptor(dq, m), *strides, heads, seq_len_q, k.shape[2], params.softmax_scale, STAGES=cfg.num_stages,
+        CAUSAL=params.causal, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
 def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> Launch:
     """dk, dv (B, H, Tk, D) through the Gluon pass, at cfg (`hopper_launch_config`): a program of cfg.block_n // 64
-    math warpgroups of 64 keys each; delta as the dQ pass leaves it."""
+    math warpgroups of 64 keys each; delta as the dQ pass leaves it. dk and dv are stored by TMA: tensor descriptors
+    must fit them, as they fit k and v when dk and dv are their `empty_like`."""
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     m, n = cfg.block_m, cfg.block_n
-    strides = [s for t in (dk, dv) for s in t.stride()[:3]]  # every D stride is 1
     return _launch(
         flash_bwd_dkdv_hopper_kernel, (_cdiv(seq_len_k, n), batch * heads), head_descriptor(q, m),
-        head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, dk, dv, *strides, heads,
-        seq_len_q, seq_len_k, params.softmax_scale, STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal,
-        num_warps=4, maxnreg=cfg.maxnreg,
+        head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
+        head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, STAGES=cfg.num_stages,
+        CONSUMERS=n // 64, CAUSAL=params.causal, num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
