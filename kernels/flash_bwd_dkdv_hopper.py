@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import LOG2E, load_head_tile, mma_layout, tile_layout
+from .gluon_common import LOG2E, load_head_tile, mma_layout, store_head_tile, tile_layout
 
 
 @gluon.jit
@@ -204,8 +204,8 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr):
     v_smem = kv[1]
     v_smem.store(dv.to(v_smem.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [b, h, start_n, 0], k_smem.reshape(dk_desc.block_type.shape))
-    tma.async_copy_shared_to_global(dv_desc, [b, h, start_n, 0], v_smem.reshape(dv_desc.block_type.shape))
+    store_head_tile(dk_desc, b, h, start_n, k_smem)
+    store_head_tile(dv_desc, b, h, start_n, v_smem)
     tma.store_wait(0)
 
 

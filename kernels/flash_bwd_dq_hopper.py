@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.runtime.jit import constexpr_function
 
-from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, tile_layout
+from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, store_head_tile, tile_layout
 
 
 @constexpr_function
@@ -184,7 +184,7 @@ def _consumer(
     # Tq are clipped by the descriptor.
     q_smem.store((dq * softmax_scale).to(q_smem.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(dq_desc, [b, h, start_m, 0], q_smem.reshape(dq_desc.block_type.shape))
+    store_head_tile(dq_desc, b, h, start_m, q_smem)
     tma.store_wait(0)
 
 

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, tile_layout
+from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, store_head_tile, tile_layout
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 ROWS: gl.constexpr = gl.constexpr(64)  # query rows a math warpgroup owns
@@ -168,7 +168,7 @@ def _consumer(q_smem, q_ready, ring, tiles, rows, outs, qk_scale, CAUSAL: gl.con
     o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, acc_layout))[:, None]
     q_smem.store(o.to(q_smem.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], q_smem.reshape(o_desc.block_type.shape))
+    store_head_tile(o_desc, b, h, row0, q_smem)
     gl.store(lse_ptrs + offs_m, (m_i + gl.log2(l_i)) * LN2, mask=offs_m < seq_len_q)
     tma.store_wait(0)
 

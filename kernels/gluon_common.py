@@ -35,6 +35,14 @@ def load_head_tile(desc, b, h, row, bar, dst):
 
 
 @gluon.jit
+def store_head_tile(desc, b, h, row, src):
+    """TMA of the (BLOCK, D) buffer src into rows [row, row + BLOCK) of head (b, h) of a (B, H, T, D) descriptor
+    made by `head_descriptor`; rows past T are clipped. The caller fences src's writes before and waits for the
+    store (`tma.store_wait`) before src is reused or the program ends."""
+    tma.async_copy_shared_to_global(desc, [b, h, row, 0], src.reshape(desc.block_type.shape))
+
+
+@gluon.jit
 def query_tile_program(seq_len_q, n_heads, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """(start_m, b, h, bh) of this program's query tile, for the passes whose programs own query rows:
     program_id(0) counts query tiles (causal: from the last, which sees the most key tiles, so that those launch
