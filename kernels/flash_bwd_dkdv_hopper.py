@@ -41,10 +41,17 @@ What Triton's compiler does not express, and this pass does:
 Registers: one warpgroup is launched with maxnreg = 128 so that two programs share an SM, and the producer's
 registers go to the consumer (232); two take 248 and 232 at maxnreg = 168 (one program an SM; at D = 128 ptxas
 keeps 24 bytes of addresses on the stack across the walk, none inside it); three share an SM at 168, 160, 160.
-BLOCK_M is a multiple of 32 (the producer's LSE/δ vector spans its 32 lanes).
-Dense (no window, document or block mask), no dropout, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom
-right), any T: rows past T arrive as zeros with LSE = +inf, so their P is 0. The tensors must suit tensor
-descriptors (`launch.hopper_launch_config` checks).
+BLOCK_M is a multiple of 32 (the producer's LSE/δ vector spans its 32 lanes; a dropout draw spans 32 queries).
+
+Dropout: each warpgroup draws the keep-mask of its Sᵀ tile itself while Sᵀ's product runs (`gluon_dropout.py`:
+the Triton passes' mask bit for bit, each thread drawing exactly the numbers of the elements it holds). At D = 128
+that takes registers the 64 × 128 tile does not have (ptxas spills inside the walk), so the table runs 32 × 128
+there; against the Triton dK/dV pass with dropout the pass ran 1.15–1.33× faster at D = 64 and 1.17–1.23× at
+D = 128 (`results/tuning/h200-2026-11-27-dkdv-dropout/`).
+
+Dense (no window, document or block mask), bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T:
+rows past T arrive as zeros with LSE = +inf, so their P is 0. The tensors must suit tensor descriptors
+(`launch.hopper_launch_config` checks).
 Gluon has no interpreter path: the CPU tests compile this pass for sm_90a (`tests/test_kernel_codegen.py`), and
 `scripts/bench_attention.py` checks it against the reference on the GPU; same-process A/B and history:
 `results/tuning/h200-2026-11-27-gluon-dkdv/`, `results/tuning/h200-2026-11-27-dkdv-consumers/`.
@@ -61,6 +68,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .gluon_common import LOG2E, load_head_tile, mma_layout, store_head_tile, tile_layout
+from .gluon_dropout import keep_mask_t
 
 
 @gluon.jit
@@ -96,17 +104,20 @@ def _dkdv_step(
     kv,
     ring,
     lo,
-    offs_n,
-    shift,
-    qk_scale,
+    keys,
+    consts,
     MASKED: gl.constexpr,
     FIRST: gl.constexpr,
     LATE_DP: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """One query tile's share of (dK, dV), both still in flight when it returns. MASKED: the tile crosses the
     causal diagonal. FIRST: the warpgroup's first tile, whose products start dK and dV. LATE_DP: dPᵀ is issued
     after dV's product rather than with Sᵀ, so that Sᵀ and dPᵀ are never in flight together (the second schedule
-    in the module docstring)."""
+    in the module docstring). DROPOUT: with keep-mask Z and keep-scale c, dV += (Z ∘ Pᵀ)·dO (c applied once, at
+    the end) and dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ); the mask is drawn while Sᵀ's product runs."""
+    start_n, offs_n = keys
+    shift, qk_scale, rng, dropout_scale, seq_len_k = consts
     k_op, v_op = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     STAGES: gl.constexpr = q_ring.shape[0]
@@ -129,6 +140,8 @@ def _dkdv_step(
         dpT = warpgroup_mma(v_op, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
     lse2 = lse_ring.index(slot).load(row_layout)
     delta = delta_ring.index(slot).load(row_layout)
+    if DROPOUT:
+        keep = keep_mask_t(rng, lo + tile * BLOCK_M, start_n, seq_len_k, s_layout)
     if LATE_DP:
         if FIRST:
             sT = warpgroup_mma_wait(num_outstanding=0, deps=(sT,))
@@ -147,22 +160,27 @@ def _dkdv_step(
     if MASKED:
         offs_m = lo + tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
         pT = gl.where((offs_m + shift)[None, :] >= offs_n[:, None], pT, 0.0)
-    dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
+    pdT = gl.where(keep, pT, 0.0) if DROPOUT else pT
+    dv = warpgroup_mma(gl.convert_layout(pdT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
     if LATE_DP:
         dpT = warpgroup_mma(v_op, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
         dpT, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dpT, dv))
     else:
         dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dpT,))
-    dsT = pT * (dpT - delta[None, :])
+    if DROPOUT:
+        dsT = pT * gl.where(keep, dpT * dropout_scale - delta[None, :], -delta[None, :])
+    else:
+        dsT = pT * (dpT - delta[None, :])
     dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
     return dk, dv
 
 
 @gluon.jit
-def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr):
+def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
     """One warpgroup's 64 keys: walk the query tiles that see them, then write their dK (times the softmax scale)
-    and dV."""
-    kv_ready, ring, tiles, outs, shift, qk_scale = shared
+    and dV (times the dropout keep-scale)."""
+    kv_ready, ring, tiles, outs, consts = shared
+    shift = consts[0]
     k_smem = kv[0]
     empty = ring[1]
     lo, n_tiles, hi = tiles
@@ -191,12 +209,15 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr):
     if HEAD_DIM <= 64:  # K as Sᵀ's left operand from registers: the product then reads only Qᵀ from shared memory
         kv = (k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)), kv[1])
     LATE_DP: gl.constexpr = HEAD_DIM > 64  # dK and dV take 128 registers a thread: Sᵀ and dPᵀ take turns
-    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, offs_n, shift, qk_scale, CAUSAL, True, LATE_DP)
+    keys = (start_n, offs_n)
+    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, keys, consts, CAUSAL, True, LATE_DP, DROPOUT)
     for tile in range(mine + 1, masked_end):
-        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, True, False, LATE_DP)
+        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT)
     for tile in range(masked_end, n_tiles):
-        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, offs_n, shift, qk_scale, False, False, LATE_DP)
+        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT)
     dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+    if DROPOUT:
+        dv = dv * consts[3]
 
     # dK and dV leave by TMA stores through K's and V's buffers, free now that every product that read them has
     # retired; rows past Tk are clipped by the descriptors.
@@ -209,7 +230,7 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr):
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
 def flash_bwd_dkdv_hopper_kernel(
     q_desc,
     k_desc,
@@ -223,9 +244,15 @@ def flash_bwd_dkdv_hopper_kernel(
     seq_len_q,
     seq_len_k,
     softmax_scale,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """dK, dV (B, H, Tk, D) of the key tile program_id(0) (64 · CONSUMERS keys) of head program_id(1), from Q, dO
     (B, H, Tq, D), K and V (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the
@@ -277,14 +304,16 @@ def flash_bwd_dkdv_hopper_kernel(
     rows = (LSE + row_start, Delta + row_start, seq_len_q)
     outs = (dk_desc, dv_desc, b, h, softmax_scale)
     qk_scale = softmax_scale * LOG2E
+    rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
+    consts = (shift, qk_scale, rng, dropout_scale, seq_len_k)
     # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
     # run-time values, and their branches into run-time branches.
-    shared = (kv_ready, ring, (lo, n_tiles, hi), outs, shift, qk_scale)
+    shared = (kv_ready, ring, (lo, n_tiles, hi), outs, consts)
     producer = ((q_desc, do_desc), ring, rows, lo, n_tiles, b, h)
     if CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT)),
                 (_producer, producer),
             ],
             [1],
@@ -293,8 +322,8 @@ def flash_bwd_dkdv_hopper_kernel(
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL)),
-                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT)),
+                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT)),
                 (_producer, producer),
             ],
             [4, 1],
@@ -303,9 +332,9 @@ def flash_bwd_dkdv_hopper_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL)),
-                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL)),
-                (_consumer, ((k_smem.index(2), v_smem.index(2)), shared, start_n + 2 * KEYS, CAUSAL)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT)),
+                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT)),
+                (_consumer, ((k_smem.index(2), v_smem.index(2)), shared, start_n + 2 * KEYS, CAUSAL, DROPOUT)),
                 (_producer, producer),
             ],
             [4, 4, 1],

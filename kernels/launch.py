@@ -391,21 +391,22 @@ def hopper_launch_config(
 ) -> LaunchConfig | None:
     """The configuration of the Gluon pass `kernel_pass` ("fwd_hopper": `flash_fwd_hopper.py`, "bwd_dq_hopper":
     `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`) where the call should take it instead
-    of the Triton pass: on Hopper, outside the interpreter, dense and without dropout, bf16 or fp16 (both checked on
-    the GPU), tensors that descriptors fit (o: the forward's output or the backward's input; do: the backward's,
-    None for the forward), a shape the table measured it faster for, and the tested Triton. Else None."""
+    of the Triton pass: on Hopper, outside the interpreter, dense (with dropout: the dK/dV pass only), bf16 or fp16
+    (both checked on the GPU), tensors that descriptors fit (o: the forward's output or the backward's input; do:
+    the backward's, None for the forward), a shape the table measured it faster for, and the tested Triton. Else
+    None."""
     kernels = {
         "fwd_hopper": flash_fwd_hopper_kernel,
         "bwd_dq_hopper": flash_bwd_dq_hopper_kernel,
         "bwd_dkdv_hopper": flash_bwd_dkdv_hopper_kernel,
     }
-    if kernels[kernel_pass] is None or interpreting() or masks.any or params.dropout:
+    if kernels[kernel_pass] is None or interpreting() or masks.any:
         return None
     if q.dtype not in (torch.bfloat16, torch.float16):
         return None
     if not is_hopper(q.device) or not _descriptors_fit(*(t for t in (q, k, v, o, do) if t is not None)):
         return None
-    return hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, k.shape[2])
+    return hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, k.shape[2])
 
 
 def launch_forward_hopper(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig) -> Launch:
@@ -438,16 +439,18 @@ def launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params: AttentionPara
 
 def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> Launch:
     """dk, dv (B, H, Tk, D) through the Gluon pass, at cfg (`hopper_launch_config`): a program of cfg.block_n // 64
-    math warpgroups of 64 keys each; delta as the dQ pass leaves it. dk and dv are stored by TMA: tensor descriptors
-    must fit them, as they fit k and v when dk and dv are their `empty_like`."""
+    math warpgroups of 64 keys each; delta as the dQ pass leaves it; with dropout, the mask of params' seed and
+    offset. dk and dv are stored by TMA: tensor descriptors must fit them, as they fit k and v when dk and dv are
+    their `empty_like`."""
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     m, n = cfg.block_m, cfg.block_n
     return _launch(
         flash_bwd_dkdv_hopper_kernel, (_cdiv(seq_len_k, n), batch * heads), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
-        head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, STAGES=cfg.num_stages,
-        CONSUMERS=n // 64, CAUSAL=params.causal, num_warps=4, maxnreg=cfg.maxnreg,
+        head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars[1:],
+        STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal, DROPOUT=params.dropout, num_warps=4,
+        maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

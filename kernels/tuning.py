@@ -140,12 +140,21 @@ def backward_schedule(
 HOPPER_PASSES = ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper")
 
 
-def hopper_config(kernel_pass: str, head_dim: int, dtype: str, causal: bool, seq_len: int) -> LaunchConfig | None:
+# The Gluon passes that draw the dropout mask; the others run dropout through the Triton passes.
+HOPPER_DROPOUT_PASSES = ("bwd_dkdv_hopper",)
+
+
+def hopper_config(
+    kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, seq_len: int
+) -> LaunchConfig | None:
     """The launch configuration of the warp-specialised Gluon pass `kernel_pass` (one of HOPPER_PASSES: Hopper
-    only, dense, no dropout) where the table measured it faster than the Triton pass for this shape, else None. Its
-    `maxnreg` is the whole program's register cap. fp16 shares the bf16 measurements, as in `launch_config`."""
+    only, dense; with dropout only the HOPPER_DROPOUT_PASSES) where the table measured it faster than the Triton
+    pass for this shape, else None. Its `maxnreg` is the whole program's register cap. fp16 shares the bf16
+    measurements, as in `launch_config`."""
+    if dropout and kernel_pass not in HOPPER_DROPOUT_PASSES:
+        return None
     tuned_dtype = "bfloat16" if dtype == "float16" else dtype
-    key = table_key(kernel_pass, head_dim, tuned_dtype, causal, False, seq_len_bucket(seq_len))
+    key = table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
     entry = _tuned_file().get(kernel_pass, {}).get(key)
     return LaunchConfig(**entry) if entry is not None else None
 

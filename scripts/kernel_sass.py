@@ -27,12 +27,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
-from flashgpt.kernels.tuning import HOPPER_PASSES, LaunchConfig, hopper_config
+from flashgpt.kernels.tuning import HOPPER_DROPOUT_PASSES, HOPPER_PASSES, LaunchConfig, hopper_config
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TRITON_PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
-# fwd_hopper, bwd_dq_hopper, bwd_dkdv_hopper: the Gluon passes, at the table's configuration for the shape (dense,
-# no dropout only).
+# fwd_hopper, bwd_dq_hopper, bwd_dkdv_hopper: the Gluon passes, at the table's configuration for the shape (dense;
+# with dropout, those that draw the mask).
 PASSES = (*TRITON_PASSES, *HOPPER_PASSES)
 MASKS = ("none", "window", "documents", "blocks")
 # Opcode families worth watching in an attention kernel: tensor-core products, the exp2 unit, fp32 arithmetic,
@@ -110,8 +110,9 @@ def compile_passes(
         elif current == "bwd_dq":
             launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o)
         elif current in HOPPER_PASSES:
-            hopper = hopper_config(current, head_dim, "bfloat16", True, seq_len)
-            if hopper is None or dropout or mask != "none":
+            hopper = hopper_config(current, head_dim, "bfloat16", True, dropout > 0, seq_len)
+            drawn = not dropout or current in HOPPER_DROPOUT_PASSES
+            if (hopper is None and config is None) or not drawn or mask != "none":
                 raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
             if current == "fwd_hopper":
                 launch.launch_forward_hopper(q, k, v, o, lse, params, config or hopper)

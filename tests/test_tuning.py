@@ -9,6 +9,7 @@ import tune_attention  # scripts/tune_attention.py, on pytest's pythonpath
 
 from flashgpt.kernels.tuning import (
     _DEFAULTS,
+    HOPPER_DROPOUT_PASSES,
     HOPPER_PASSES,
     NATIVE_HEAD_DIMS,
     PASSES,
@@ -140,42 +141,42 @@ _WARPGROUP_ROWS = {"fwd_hopper": "block_m", "bwd_dkdv_hopper": "block_n"}
 
 @pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
 def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pass):
-    """Dense, causal, without dropout, at the T buckets and head dims of the table's section for the pass (bf16, and
-    fp16 with the same tiles); never at a shape it does not list (where the Triton pass measured faster or even),
-    nor in fp32."""
+    """Dense, causal, with dropout only for the passes that draw its mask, at the T buckets and head dims of the
+    table's section for the pass (bf16, and fp16 with the same tiles); never at a shape it does not list (where the
+    Triton pass measured faster or even), nor in fp32."""
     entries = _tuned_file()[kernel_pass]
     assert entries
     for key, cfg in entries.items():
         name, d, dtype, mask, drop, bucket = key.split("/")
-        assert (name, dtype, mask, drop) == (kernel_pass, "bfloat16", "causal", "nodrop"), key
+        assert (name, dtype, mask) == (kernel_pass, "bfloat16", "causal"), key
+        assert drop == "nodrop" or kernel_pass in HOPPER_DROPOUT_PASSES, key
         assert cfg["maxnreg"] and cfg["tma"], key  # the program's register cap (programs an SM); descriptor tiles
         unit_m, unit_n = _TILE_UNITS[kernel_pass](cfg)
         assert cfg["block_m"] % unit_m == 0 and cfg["block_n"] % unit_n == 0, key
         if kernel_pass in _WARPGROUP_ROWS:
             assert cfg[_WARPGROUP_ROWS[kernel_pass]] <= 3 * 64, key
-        head_dim, seq_len = int(d[1:]), int(bucket[1:])
-        assert hopper_config(kernel_pass, head_dim, "bfloat16", True, seq_len) == LaunchConfig(**cfg), key
-        assert hopper_config(kernel_pass, head_dim, "float16", True, seq_len) == LaunchConfig(**cfg), key
-        assert hopper_config(kernel_pass, head_dim, "bfloat16", False, seq_len) is None  # not measured non-causal
-        assert hopper_config(kernel_pass, head_dim, "float32", True, seq_len) is None
-    for head_dim, seq_len in itertools.product((64, 128), SEQ_LEN_BUCKETS):
-        listed = table_key(kernel_pass, head_dim, "bfloat16", True, False, seq_len) in entries
-        assert (hopper_config(kernel_pass, head_dim, "bfloat16", True, seq_len) is not None) == listed
-    assert hopper_config(kernel_pass, 64, "bfloat16", True, 16384) is not None  # GPT-2's head dim at long T
+        head_dim, dropout, seq_len = int(d[1:]), drop == "drop", int(bucket[1:])
+        expected = LaunchConfig(**cfg)
+        assert hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout, seq_len) == expected, key
+        assert hopper_config(kernel_pass, head_dim, "float16", True, dropout, seq_len) == expected, key
+        assert hopper_config(kernel_pass, head_dim, "bfloat16", False, dropout, seq_len) is None  # not measured
+        assert hopper_config(kernel_pass, head_dim, "float32", True, dropout, seq_len) is None
+    for head_dim, dropout, seq_len in itertools.product((64, 128), (False, True), SEQ_LEN_BUCKETS):
+        listed = table_key(kernel_pass, head_dim, "bfloat16", True, dropout, seq_len) in entries
+        assert (hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout, seq_len) is not None) == listed
+    assert hopper_config(kernel_pass, 64, "bfloat16", True, False, 16384) is not None  # GPT-2's head dim at long T
 
 
 @pytest.mark.parametrize(("kernel_pass", "kernel"), [("fwd_hopper", "flash_fwd_hopper_kernel"),
                                                      ("bwd_dq_hopper", "flash_bwd_dq_hopper_kernel"),
                                                      ("bwd_dkdv_hopper", "flash_bwd_dkdv_hopper_kernel")])  # fmt: skip
-def test_a_call_takes_a_gluon_pass_only_when_dense_without_dropout_and_descriptors_fit(
-    monkeypatch, kernel_pass, kernel
-):
+def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypatch, kernel_pass, kernel):
     """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
     the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
-    causal bf16 or fp16 call without dropout at 16K; None with a mask, dropout, fp32, a T the table does not list,
-    or tensors a tensor descriptor cannot address (O included: the forward stores it, the backward reads it); None
-    on other GPUs, in the interpreter, and with a Triton release other than the tested one (which
-    imports no Gluon kernel)."""
+    causal bf16 or fp16 call at 16K, with dropout only for a pass that draws its mask; None with a mask, fp32, a T
+    the table does not list, or tensors a tensor descriptor cannot address (O included: the forward stores it, the
+    backward reads it); None on other GPUs, in the interpreter, and with a Triton release other than the tested one
+    (which imports no Gluon kernel)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -194,14 +195,17 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_without_dropout_and_descripto
             do = None
         return launch.hopper_launch_config(kernel_pass, q, k, v, o, do, params, masks)
 
-    expected = hopper_config(kernel_pass, 64, "bfloat16", True, 16384)
+    expected = hopper_config(kernel_pass, 64, "bfloat16", True, False, 16384)
     assert expected is not None and decide() == expected
     assert decide(dtype=torch.float16) == expected
     for seq_len in SEQ_LEN_BUCKETS:  # the table decides the T (it lists some buckets and not others)
-        assert decide(seq_len=seq_len) == hopper_config(kernel_pass, 64, "bfloat16", True, seq_len)
+        assert decide(seq_len=seq_len) == hopper_config(kernel_pass, 64, "bfloat16", True, False, seq_len)
     assert decide(dtype=torch.float32) is None
-    assert decide(dropout=0.1) is None
+    with_dropout = hopper_config(kernel_pass, 64, "bfloat16", True, True, 16384)
+    assert (with_dropout is not None) == (kernel_pass in HOPPER_DROPOUT_PASSES)
+    assert decide(dropout=0.1) == with_dropout
     assert decide(masks=replace(launch.NO_MASKS, window_size=256)) is None
+    assert decide(dropout=0.1, masks=replace(launch.NO_MASKS, window_size=256)) is None
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
     transposed = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
     assert decide(layout=transposed) is None
