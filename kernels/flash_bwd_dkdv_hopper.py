@@ -141,7 +141,7 @@ def _dkdv_step(
     lse2 = lse_ring.index(slot).load(row_layout)
     delta = delta_ring.index(slot).load(row_layout)
     if DROPOUT:
-        keep = keep_mask_t(rng, lo + tile * BLOCK_M, start_n, seq_len_k, s_layout)
+        keep = keep_mask_t(rng, lo + tile * BLOCK_M, start_n, seq_len_k, BLOCK_N, BLOCK_M)
     if LATE_DP:
         if FIRST:
             sT = warpgroup_mma_wait(num_outstanding=0, deps=(sT,))

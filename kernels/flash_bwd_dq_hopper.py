@@ -21,12 +21,19 @@ As in `flash_bwd_dkdv_hopper.py`, the mirror image of this pass:
   first one, peeled, starts dQ with its product rather than with zeros written by the warps (which makes ptxas
   serialise every product of the kernel: warning C7515).
 
+Dropout: the consumer draws the keep-mask of its tile while S's and dP's products run. The draws are made
+key-major, where each thread draws the numbers of its elements, and the decisions reach this query-major tile
+through shared memory (`gluon_dropout.keep_mask`). Against the Triton dQ pass with dropout the pass ran 1.10–1.30×
+faster at D = 128, and 0.98–1.05× at D = 64, where the table takes it only at 2K and 4K
+(`results/tuning/h200-2026-11-27-dq-dropout/`).
+
 Launched with maxnreg = 128 so that two programs share an SM; the producer's registers go to the consumer (232).
-BLOCK_M is a multiple of 16 × num_warps. Dense (no window, document or block mask), no dropout, bf16 or fp16, Tq ≤ Tk
-(causal: aligned to the bottom right), any T: key rows past Tk arrive as zeros and are masked; query rows past Tq
-are computed with LSE = +inf (P = 0) and not stored. The tensors must suit tensor descriptors
-(`launch.hopper_launch_config` checks). Gluon has no interpreter path: the CPU tests compile this pass for sm_90a
-(`tests/test_kernel_codegen.py`), and `scripts/bench_attention.py` checks it against the reference on the GPU.
+BLOCK_M is a multiple of 16 × num_warps (of 32 with dropout: a draw spans 32 queries). Dense (no window, document
+or block mask), bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T: key rows past Tk arrive as
+zeros and are masked; query rows past Tq are computed with LSE = +inf (P = 0) and not stored. The tensors must
+suit tensor descriptors (`launch.hopper_launch_config` checks). Gluon has no interpreter path: the CPU tests compile
+this pass for sm_90a (`tests/test_kernel_codegen.py`), and `scripts/bench_attention.py` checks it against the
+reference on the GPU.
 """
 
 from triton.experimental import gluon
@@ -41,6 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.runtime.jit import constexpr_function
 
 from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, store_head_tile, tile_layout
+from .gluon_dropout import keep_mask
 
 
 @constexpr_function
@@ -87,18 +95,35 @@ def _issue_products(tile, qdo, ring):
 
 @gluon.jit
 def _dq_step(
-    dq, s, dp, tile, ring, rows, n_tiles, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, FIRST: gl.constexpr
+    dq,
+    s,
+    dp,
+    tile,
+    ring,
+    rows,
+    n_tiles,
+    scales,
+    CAUSAL: gl.constexpr,
+    MASKED: gl.constexpr,
+    FIRST: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """Key tile `tile`'s share of dQ, from its S and dP in flight (`_issue_products`); still in flight when it
     returns. MASKED: the tile crosses the causal diagonal or the end of the keys. FIRST: the program's first tile,
-    whose product starts dQ."""
+    whose product starts dQ. DROPOUT: with keep-mask Z and keep-scale c, dS = P ∘ (c·Z ∘ dP − δ); the mask is drawn
+    while S's and dP's products run."""
     empty, k_ring = ring[1], ring[2]
-    offs_m, lse2, delta, shift, seq_len_k = rows
+    start_m, offs_m, lse2, delta, shift, seq_len_k = rows
+    qk_scale, rng, dropout_scale = scales
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     HEAD_DIM: gl.constexpr = k_ring.shape[2]
+    BLOCK_M: gl.constexpr = offs_m.shape[0]
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    start_n = (n_tiles - 1 - tile) * BLOCK_N
+    if DROPOUT:
+        keep = keep_mask(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     if FIRST:
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
     else:
@@ -108,12 +133,15 @@ def _dq_step(
 
     p = gl.exp2(s * qk_scale - lse2[:, None])
     if MASKED:
-        offs_n = (n_tiles - 1 - tile) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
         # Causal: n ≤ m + shift implies n < Tk for every row that is stored.
         seen = offs_n[None, :] <= (offs_m + shift)[:, None] if CAUSAL else (offs_n < seq_len_k)[None, :]
         p = gl.where(seen, p, 0.0)
     dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
-    ds = p * (dp - delta[:, None])
+    if DROPOUT:
+        ds = p * gl.where(keep, dp * dropout_scale - delta[:, None], -delta[:, None])
+    else:
+        ds = p * (dp - delta[:, None])
     k_tile = k_ring.index(tile % STAGES)
     dq = warpgroup_mma(gl.convert_layout(ds.to(k_tile.dtype), ds_layout), k_tile, dq, use_acc=not FIRST, is_async=True)
     return dq
@@ -149,9 +177,10 @@ def _consumer(
     n_masked,
     outs,
     start_m,
-    qk_scale,
+    scales,
     CAUSAL: gl.constexpr,
     HAS_DLSE: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """The walk over this query tile's key tiles (δ and LSE of its rows computed during the first), then dQ (times
     the softmax scale)."""
@@ -169,15 +198,15 @@ def _consumer(
     s, dp = _issue_products(0, qdo, ring)
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     lse2, delta = _row_stats(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM, HAS_DLSE)
-    rows = (offs_m, lse2, delta, shift, seq_len_k)
+    rows = (start_m, offs_m, lse2, delta, shift, seq_len_k)
     zeros = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
-    dq = _dq_step(zeros, s, dp, 0, ring, rows, n_tiles, qk_scale, CAUSAL, True, True)
+    dq = _dq_step(zeros, s, dp, 0, ring, rows, n_tiles, scales, CAUSAL, True, True, DROPOUT)
     for tile in range(1, n_masked):
         s, dp = _issue_products(tile, qdo, ring)
-        dq = _dq_step(dq, s, dp, tile, ring, rows, n_tiles, qk_scale, CAUSAL, True, False)
+        dq = _dq_step(dq, s, dp, tile, ring, rows, n_tiles, scales, CAUSAL, True, False, DROPOUT)
     for tile in range(gl.maximum(n_masked, 1), n_tiles):
         s, dp = _issue_products(tile, qdo, ring)
-        dq = _dq_step(dq, s, dp, tile, ring, rows, n_tiles, qk_scale, CAUSAL, False, False)
+        dq = _dq_step(dq, s, dp, tile, ring, rows, n_tiles, scales, CAUSAL, False, False, DROPOUT)
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
 
     # dQ leaves by one TMA store through Q's buffer, free now that every product that read it has retired; rows past
@@ -188,7 +217,7 @@ def _consumer(
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
 def flash_bwd_dq_hopper_kernel(
     q_desc,
     k_desc,
@@ -210,8 +239,14 @@ def flash_bwd_dq_hopper_kernel(
     seq_len_q,
     seq_len_k,
     softmax_scale,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """dQ (B, H, Tq, D) and δ (B·H·Tq fp32) of the query tile program_id(0) of head program_id(1), from Q, dO, O
     (B, H, Tq, D), K, V (B, H, Tk, D), the forward's LSE and, if not None, its gradient DLSE (B·H·Tq fp32 each).
@@ -258,7 +293,8 @@ def flash_bwd_dq_hopper_kernel(
     dlse_row = DLSE + row_start if HAS_DLSE else LSE + row_start  # LSE: a placeholder (a tuple cannot hold None)
     stats = (heads, (LSE + row_start, dlse_row, Delta + row_start), shift, seq_len_q, seq_len_k)
     outs = (dq_desc, b, h, softmax_scale)
-    qk_scale = softmax_scale * LOG2E
+    rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
+    scales = (softmax_scale * LOG2E, rng, dropout_scale)
     gl.warp_specialize(
         [
             (
@@ -272,9 +308,10 @@ def flash_bwd_dq_hopper_kernel(
                     n_masked,
                     outs,
                     start_m,
-                    qk_scale,
+                    scales,
                     CAUSAL,
                     HAS_DLSE,
+                    DROPOUT,
                 ),
             ),
             (_producer, ((k_desc, v_desc), ring, n_tiles, b, h)),

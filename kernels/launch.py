@@ -432,8 +432,9 @@ def launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params: AttentionPara
     return _launch(
         flash_bwd_dq_hopper_kernel, (_cdiv(seq_len_q, m), batch * heads), head_descriptor(q, m),
         head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), do, o, lse, dlse, delta,
-        head_descriptor(dq, m), *strides, heads, seq_len_q, k.shape[2], params.softmax_scale, STAGES=cfg.num_stages,
-        CAUSAL=params.causal, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
+        head_descriptor(dq, m), *strides, heads, seq_len_q, k.shape[2], params.softmax_scale, *params.scalars[1:],
+        STAGES=cfg.num_stages, CAUSAL=params.causal, DROPOUT=params.dropout, num_warps=cfg.num_warps,
+        maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

@@ -141,7 +141,7 @@ HOPPER_PASSES = ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper")
 
 
 # The Gluon passes that draw the dropout mask; the others run dropout through the Triton passes.
-HOPPER_DROPOUT_PASSES = ("bwd_dkdv_hopper",)
+HOPPER_DROPOUT_PASSES = ("bwd_dq_hopper", "bwd_dkdv_hopper")
 
 
 def hopper_config(

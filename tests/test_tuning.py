@@ -201,9 +201,9 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypat
     for seq_len in SEQ_LEN_BUCKETS:  # the table decides the T (it lists some buckets and not others)
         assert decide(seq_len=seq_len) == hopper_config(kernel_pass, 64, "bfloat16", True, False, seq_len)
     assert decide(dtype=torch.float32) is None
-    with_dropout = hopper_config(kernel_pass, 64, "bfloat16", True, True, 16384)
-    assert (with_dropout is not None) == (kernel_pass in HOPPER_DROPOUT_PASSES)
-    assert decide(dropout=0.1) == with_dropout
+    with_dropout = [hopper_config(kernel_pass, 64, "bfloat16", True, True, seq_len) for seq_len in SEQ_LEN_BUCKETS]
+    assert [decide(seq_len=seq_len, dropout=0.1) for seq_len in SEQ_LEN_BUCKETS] == with_dropout
+    assert any(cfg is not None for cfg in with_dropout) == (kernel_pass in HOPPER_DROPOUT_PASSES)
     assert decide(masks=replace(launch.NO_MASKS, window_size=256)) is None
     assert decide(dropout=0.1, masks=replace(launch.NO_MASKS, window_size=256)) is None
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
