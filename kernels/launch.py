@@ -391,10 +391,10 @@ def hopper_launch_config(
 ) -> LaunchConfig | None:
     """The configuration of the Gluon pass `kernel_pass` ("fwd_hopper": `flash_fwd_hopper.py`, "bwd_dq_hopper":
     `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`) where the call should take it instead
-    of the Triton pass: on Hopper, outside the interpreter, dense (with dropout: the dK/dV pass only), bf16 or fp16
-    (both checked on the GPU), tensors that descriptors fit (o: the forward's output or the backward's input; do:
-    the backward's, None for the forward), a shape the table measured it faster for, and the tested Triton. Else
-    None."""
+    of the Triton pass: on Hopper, outside the interpreter, dense (with dropout: the backward's two passes, which
+    draw the mask themselves), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit (o: the
+    forward's output or the backward's input; do: the backward's, None for the forward), a shape the table measured
+    it faster for, and the tested Triton. Else None."""
     kernels = {
         "fwd_hopper": flash_fwd_hopper_kernel,
         "bwd_dq_hopper": flash_bwd_dq_hopper_kernel,
