@@ -84,6 +84,9 @@ class Profile:
     check_cases: tuple[CheckCase, ...]
     dropout_cases: tuple[CheckCase, ...]
     dropout_seeds: int
+    # Seeds of the mask check, one call each on a case's signature: from the third, a call replays its bound
+    # launches (`kernels/launch_plans.py`), which must pass each call's seed and offset to every pass.
+    mask_seeds: tuple[int, ...] = (1234,)
     max_heads: int | None = None  # caps heads_for(D) in the timed rows
 
 
@@ -472,7 +475,9 @@ def run_checks(profile: Profile, p: float = CHECK_DROPOUT_P) -> dict:
     results = [_guarded(_case_name(c), lambda c=c: check_case(c, profile)) for c in profile.check_cases]
     for c in profile.dropout_cases:
         name = f"dropout {p} {_case_name(c)}"
-        results.append(_guarded(f"{name}: mask", lambda c=c: check_dropout_mask(c, profile, p, seed=1234)))
+        for seed in profile.mask_seeds:
+            check = functools.partial(check_dropout_mask, c, profile, p, seed)
+            results.append(_guarded(f"{name}: mask, seed {seed}", check))
         results.append(
             _guarded(f"{name}: seeds", lambda c=c: check_dropout_seeds(c, profile, p, profile.dropout_seeds))
         )
@@ -508,6 +513,8 @@ def gpu_profile(quick: bool, head_dims: Sequence[int]) -> Profile:
         CheckCase(2, 4, 256, 64, causal=True),
         CheckCase(1, 2, 1024, 128, causal=False),
         CheckCase(1, 2, 1000, 64, causal=True),
+        CheckCase(2, 4, 2048, 64, causal=True),  # the Gluon dQ and dK/dV passes with dropout
+        CheckCase(1, 4, 2048, 128, causal=True, packed=True),  # the same at D = 128, on packed qkv
     ]
     extra_cases, extra_dropout = _extra_head_dim_cases(head_dims, 1024, 8)
     return Profile(
@@ -518,6 +525,7 @@ def gpu_profile(quick: bool, head_dims: Sequence[int]) -> Profile:
         check_cases=tuple((cases[:5] if quick else cases) + extra_cases),
         dropout_cases=tuple((dropout[:1] if quick else dropout) + extra_dropout),
         dropout_seeds=64,
+        mask_seeds=(1234, 1235, 1236),
     )
 
 
