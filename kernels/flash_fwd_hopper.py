@@ -137,8 +137,9 @@ def _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(q_smem, q_ready, ring, tiles, rows, outs, qk_scale, CAUSAL: gl.constexpr):
+def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr):
     """One math warpgroup's 64 rows: the walk over the key tiles, then O and LSE."""
+    q_ready, ring, tiles, outs, qk_scale = shared
     n_tiles = tiles[0]
     row0, shift, seq_len_k = rows
     o_desc, b, h, lse_ptrs, seq_len_q = outs
@@ -225,22 +226,31 @@ def flash_fwd_hopper_kernel(
     outs = (o_desc, b, h, lse_ptrs, seq_len_q)
     tiles = (n_tiles, n_full)
     qk_scale = softmax_scale * LOG2E
-    rows = (start_m, shift, seq_len_k)
-    consumer0 = (q_smem.index(0), q_ready, ring, tiles, rows, outs, qk_scale, CAUSAL)
+    rows = ((start_m, shift, seq_len_k), (start_m + ROWS, shift, seq_len_k), (start_m + 2 * ROWS, shift, seq_len_k))
+    shared = (q_ready, ring, tiles, outs, qk_scale)
     producer = ((k_desc, v_desc), ring, n_tiles, b, h)
+    # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
+    # run-time values, and their branches into run-time branches.
     if CONSUMERS == 1:
-        gl.warp_specialize([(_consumer, consumer0), (_producer, producer)], [1], [24])
+        gl.warp_specialize([(_consumer, (q_smem.index(0), shared, rows[0], CAUSAL)), (_producer, producer)], [1], [24])
     elif CONSUMERS == 2:
-        rows1 = (start_m + ROWS, shift, seq_len_k)
-        consumer1 = (q_smem.index(1), q_ready, ring, tiles, rows1, outs, qk_scale, CAUSAL)
-        gl.warp_specialize([(_consumer, consumer0), (_consumer, consumer1), (_producer, producer)], [4, 1], [232, 24])
-    else:
-        rows1 = (start_m + ROWS, shift, seq_len_k)
-        rows2 = (start_m + 2 * ROWS, shift, seq_len_k)
-        consumer1 = (q_smem.index(1), q_ready, ring, tiles, rows1, outs, qk_scale, CAUSAL)
-        consumer2 = (q_smem.index(2), q_ready, ring, tiles, rows2, outs, qk_scale, CAUSAL)
         gl.warp_specialize(
-            [(_consumer, consumer0), (_consumer, consumer1), (_consumer, consumer2), (_producer, producer)],
+            [
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL)),
+                (_producer, producer),
+            ],
+            [4, 1],
+            [232, 24],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL)),
+                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL)),
+                (_producer, producer),
+            ],
             [4, 4, 1],
             [160, 160, 24],
         )
