@@ -1,6 +1,7 @@
 """Experiment (prepared, not yet run on a GPU): the 5-product backward in Gluon, with dropout drawn once per tile
-pair. The kept dK/dV pass (`kernels/flash_bwd_dkdv_hopper.py`: producer warp, one math warpgroup of 64 keys, K in
-registers at D = 64) plus a fifth product per query tile, as in `../h200-2026-11-27-gluon-fused/`:
+pair. The kept dK/dV pass (`kernels/flash_bwd_dkdv_hopper.py`: producer warp, one math warpgroup of 64 keys; K
+read from shared memory, which here spills less than K in registers) plus a fifth product per query tile, as in
+`../h200-2026-11-27-gluon-fused/`:
 
     dSᵀ → shared memory,  dQ_tile = dS·K (dSᵀ read transposed),  dQ_acc += dQ_tile by a TMA bulk reduce-add
 
@@ -42,7 +43,7 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
     sent to the accumulator by a reduce-add."""
     start_n, offs_n, b, h = keys
     shift, qk_scale, rng, dropout_scale, seq_len_k = consts
-    k_op, k_smem, v_smem = kv
+    k_smem, v_smem = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     ds_smem, dq_smem, dq_desc = dq_out
     STAGES: gl.constexpr = q_ring.shape[0]
@@ -119,15 +120,13 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
-    k_op = k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
-    kv3 = (k_op, k_smem, v_smem)
     keys = (start_n, offs_n, b, h)
     # The first tile is peeled (C7515, as in the kept passes). Every key tile meets at least one query tile.
-    dk, dv = _fused_step(zeros, zeros, 0, kv3, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT)
+    dk, dv = _fused_step(zeros, zeros, 0, kv, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT)
     for tile in range(1, n_masked):
-        dk, dv = _fused_step(dk, dv, tile, kv3, ring, dq_out, lo, keys, consts, True, False, DROPOUT)
+        dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT)
     for tile in range(gl.maximum(n_masked, 1), n_tiles):
-        dk, dv = _fused_step(dk, dv, tile, kv3, ring, dq_out, lo, keys, consts, False, False, DROPOUT)
+        dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, False, False, DROPOUT)
     dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
     if DROPOUT:
         dv = dv * consts[3]
