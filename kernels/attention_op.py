@@ -59,6 +59,7 @@ from .launch import (
     launch_dq_hopper,
     launch_forward,
     launch_forward_hopper,
+    launch_fused_hopper,
     launch_preprocess,
     launch_tiles,
     tuned_config,
@@ -445,20 +446,24 @@ def _attention_backward(
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # The fused backward sums dQ in an order that varies between runs: only where determinism is not asked for. Its
+    # Gluon pass, where the table lists it for the shape, comes before the Triton one.
+    fused_hopper = None if deterministic else hopper_launch_config("bwd_fused_hopper", q, k, v, o, do, params, masks)
     schedule = backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],
                                      masks.document_ids is not None)  # fmt: skip
-    fused = not deterministic and schedule == "fused"
+    fused = fused_hopper is not None or (not deterministic and schedule == "fused")
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if fused else None
 
     def launch() -> list:
         cfg = lambda kernel_pass: tuned_config(kernel_pass, q, params, **_fit(k, masks))
-        if fused:
-            return [
-                launch_preprocess(o, do, delta, dlse, dq_acc),
-                launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_fused"), masks, dq_acc=dq_acc,
-                            dq_reduce=dq_reduce(q)),
-                launch_dq_convert(dq_acc, dq, params.softmax_scale),
-            ]  # fmt: skip
+        if fused:  # each launch runs as it is made: δ and the zeroed accumulator, the sums, dQ's cast
+            launches = [launch_preprocess(o, do, delta, dlse, dq_acc)]
+            if fused_hopper is not None:
+                launches.append(launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, fused_hopper))
+            else:
+                launches.append(launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_fused"), masks,
+                                            dq_acc=dq_acc, dq_reduce=dq_reduce(q)))  # fmt: skip
+            return [*launches, launch_dq_convert(dq_acc, dq, params.softmax_scale)]
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
         if (hopper := hopper_launch_config("bwd_dq_hopper", q, k, v, o, do, params, masks)) is not None:

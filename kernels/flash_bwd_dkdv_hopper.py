@@ -72,6 +72,31 @@ from .gluon_dropout import keep_mask_t
 
 
 @gluon.jit
+def query_ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, dtype: gl.constexpr):
+    """The ring `_producer` fills: (ready, empty) mbarriers (`init_ring`) and STAGES buffers of Q, dO (BLOCK_M, D),
+    LSE·log2 e and δ (BLOCK_M)."""
+    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    return (
+        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
+        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype)),
+        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype)),
+        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout),
+        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout),
+    )
+
+
+@gluon.jit
+def init_ring(ring, CONSUMERS: gl.constexpr):
+    """A buffer is ready after its TMA bytes (the producer's expect) and its LSE/δ stores, and empty once each of
+    the CONSUMERS math warpgroups has handed it back. The caller fences the inits."""
+    STAGES: gl.constexpr = ring[2].shape[0]
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ring[0].index(i), count=2)
+        mbarrier.init(ring[1].index(i), count=CONSUMERS)
+
+
+@gluon.jit
 def _producer(descs, ring, rows, lo, n_tiles, b, h):
     """Fill the ring: query tile t's Q, dO (TMA), LSE·log2 e and δ (plain loads; rows past Tq get LSE = +inf, so
     P = 0, and δ = 0) into buffer t mod STAGES, once the consumer has handed that buffer back."""
@@ -273,20 +298,10 @@ def flash_bwd_dkdv_hopper_kernel(
     kv_layout: gl.constexpr = tile_layout(KEYS, HEAD_DIM, dtype)
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
-    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    ring = (
-        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
-        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype)),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype)),
-        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout),
-        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout),
-    )
+    ring = query_ring(STAGES, BLOCK_M, HEAD_DIM, dtype)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ring[0].index(i), count=2)  # the expect (TMA bytes) and the LSE/δ stores
-        mbarrier.init(ring[1].index(i), count=CONSUMERS)  # every math warpgroup hands the buffer back
+    init_ring(ring, CONSUMERS)
     fence_async_shared()
 
     # Query tiles [lo, hi) see some key of this program (causal: shift = Tk − Tq aligns them to the bottom right).

@@ -1,12 +1,14 @@
-"""What the Gluon passes for Hopper (`flash_fwd_hopper.py`, `flash_bwd_dq_hopper.py`, `flash_bwd_dkdv_hopper.py`)
-share: the layout of a warpgroup product's accumulator and of a shared-memory tile, and tensor descriptors of one
-head's matrix, made on the host and read in the kernel."""
+"""What the Gluon passes for Hopper (`flash_fwd_hopper.py`, `flash_bwd_dq_hopper.py`, `flash_bwd_dkdv_hopper.py`,
+`flash_bwd_fused_hopper.py`) share: the layout of a warpgroup product's accumulator and of a shared-memory tile,
+and tensor descriptors of one head's matrix, made on the host and read in the kernel."""
 
 import functools
 
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.runtime.jit import constexpr_function
@@ -42,6 +44,23 @@ def store_head_tile(desc, b, h, row, src):
     tma.async_copy_shared_to_global(desc, [b, h, row, 0], src.reshape(desc.block_type.shape))
 
 
+@builtin
+def _async_tma_reduce_add(desc, coord, src, _semantic=None):
+    """Hopper's bulk tensor reduce-add (cp.reduce.async.bulk.tensor .add) of shared memory src into desc's tile at
+    coord. Triton has the operation (the Triton language's `atomic_add` on a descriptor lowers to it); Gluon does
+    not export it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def reduce_add_head_tile(desc, b, h, row, src):
+    """Adds the (BLOCK, D) buffer src into rows [row, row + BLOCK) of head (b, h) of a (B, H, T, D) descriptor
+    made by `head_descriptor`, in one bulk operation; rows past T are clipped. As for `store_head_tile`, the caller
+    fences src's writes before and waits (`tma.store_wait`) before src is rewritten."""
+    _async_tma_reduce_add(desc, [b, h, row, 0], src.reshape(desc.block_type.shape))
+
+
 @gluon.jit
 def query_tile_program(seq_len_q, n_heads, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """(start_m, b, h, bh) of this program's query tile, for the passes whose programs own query rows:
@@ -69,7 +88,7 @@ def key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.
 
 @functools.cache
 def _descriptor_layout(dtype: torch.dtype, rows: int, head_dim: int) -> gl.NVMMASharedLayout:
-    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], element)
 
 

@@ -29,10 +29,12 @@ from .tuning import MIN_TILE, LaunchConfig, backward_schedule, hopper_config, la
 if triton.__version__.startswith(TESTED_TRITON):
     from .flash_bwd_dkdv_hopper import flash_bwd_dkdv_hopper_kernel
     from .flash_bwd_dq_hopper import flash_bwd_dq_hopper_kernel
+    from .flash_bwd_fused_hopper import flash_bwd_fused_hopper_kernel
     from .flash_fwd_hopper import flash_fwd_hopper_kernel
     from .gluon_common import head_descriptor
 else:
-    flash_bwd_dkdv_hopper_kernel = flash_bwd_dq_hopper_kernel = flash_fwd_hopper_kernel = None
+    flash_bwd_dkdv_hopper_kernel = flash_bwd_dq_hopper_kernel = flash_bwd_fused_hopper_kernel = None
+    flash_fwd_hopper_kernel = None
 
 LOG2E = math.log2(math.e)
 PREPROCESS_BLOCK_M = 128
@@ -390,23 +392,21 @@ def hopper_launch_config(
     kernel_pass: str, q, k, v, o, do, params: AttentionParams, masks: FlashMask
 ) -> LaunchConfig | None:
     """The configuration of the Gluon pass `kernel_pass` ("fwd_hopper": `flash_fwd_hopper.py`, "bwd_dq_hopper":
-    `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`) where the call should take it instead
-    of the Triton pass: on Hopper, outside the interpreter, dense (with dropout: the backward's two passes, which
-    draw the mask themselves), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit (o: the
-    forward's output or the backward's input; do: the backward's, None for the forward), a shape the table measured
-    it faster for, and the tested Triton. Else None."""
-    kernels = {
-        "fwd_hopper": flash_fwd_hopper_kernel,
-        "bwd_dq_hopper": flash_bwd_dq_hopper_kernel,
-        "bwd_dkdv_hopper": flash_bwd_dkdv_hopper_kernel,
-    }
-    if kernels[kernel_pass] is None or interpreting() or masks.any:
+    `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`, "bwd_fused_hopper":
+    `flash_bwd_fused_hopper.py`) where the call should take it instead of the Triton pass: on Hopper, outside the
+    interpreter, dense (with dropout: the backward passes, which draw the mask themselves), bf16 or fp16 (both
+    checked on the GPU), tensors that descriptors fit (o: the forward's output or the backward's input; do: the
+    backward's, None for the forward), a shape the table measured it faster for, and the tested Triton. Else None."""
+    # Cheapest first, since the backward asks on every call: the fused pass's answer decides its buffers before a
+    # replay. The kernel is looked up by name, so that a test can take one away as another Triton release would.
+    if globals()[f"flash_{kernel_pass}_kernel"] is None or masks.any:
         return None
     if q.dtype not in (torch.bfloat16, torch.float16):
         return None
-    if not is_hopper(q.device) or not _descriptors_fit(*(t for t in (q, k, v, o, do) if t is not None)):
+    cfg = hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, k.shape[2])
+    if cfg is None or interpreting() or not is_hopper(q.device):
         return None
-    return hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, k.shape[2])
+    return cfg if _descriptors_fit(*(t for t in (q, k, v, o, do) if t is not None)) else None
 
 
 def launch_forward_hopper(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig) -> Launch:
@@ -451,6 +451,22 @@ def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams,
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars[1:],
         STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal, DROPOUT=params.dropout, num_warps=4,
+        maxnreg=cfg.maxnreg,
+    )  # fmt: skip
+
+
+def launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params: AttentionParams, cfg: LaunchConfig) -> Launch:
+    """dk, dv (B, H, Tk, D), and dS·K added into dq_acc (B, H, Tq, D) fp32 contiguous, through the Gluon fused
+    backward at cfg (`hopper_launch_config`): programs of 64 keys. δ and the zeroed dq_acc come from
+    `launch_preprocess`, dq from `launch_dq_convert`; dk and dv are stored by TMA, as in `launch_dkdv_hopper`."""
+    batch, heads, seq_len_q, _ = q.shape
+    seq_len_k = k.shape[2]
+    m = cfg.block_m
+    return _launch(
+        flash_bwd_fused_hopper_kernel, (_cdiv(seq_len_k, 64), batch * heads), head_descriptor(q, m),
+        head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
+        head_descriptor(dv, 64), head_descriptor(dq_acc, m), heads, seq_len_q, seq_len_k, params.softmax_scale,
+        *params.scalars[1:], STAGES=cfg.num_stages, CAUSAL=params.causal, DROPOUT=params.dropout, num_warps=4,
         maxnreg=cfg.maxnreg,
     )  # fmt: skip
 

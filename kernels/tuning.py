@@ -137,11 +137,11 @@ def backward_schedule(
 
 
 # The Gluon passes (`flash_fwd_hopper.py`, `flash_bwd_*_hopper.py`), with tables of their own.
-HOPPER_PASSES = ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper")
+HOPPER_PASSES = ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper", "bwd_fused_hopper")
 
 
 # The Gluon passes that draw the dropout mask; the others run dropout through the Triton passes.
-HOPPER_DROPOUT_PASSES = ("bwd_dq_hopper", "bwd_dkdv_hopper")
+HOPPER_DROPOUT_PASSES = ("bwd_dq_hopper", "bwd_dkdv_hopper", "bwd_fused_hopper")
 
 
 def hopper_config(
@@ -151,11 +151,19 @@ def hopper_config(
     only, dense; with dropout only the HOPPER_DROPOUT_PASSES) where the table measured it faster than the Triton
     pass for this shape, else None. Its `maxnreg` is the whole program's register cap. fp16 shares the bf16
     measurements, as in `launch_config`."""
+    return _hopper_config_for_bucket(kernel_pass, head_dim, dtype, causal, dropout, seq_len_bucket(seq_len))
+
+
+@cache  # asked on every backward call; keyed by the T bucket, so the cache stays small
+def _hopper_config_for_bucket(
+    kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, bucket: int
+) -> LaunchConfig | None:
     if dropout and kernel_pass not in HOPPER_DROPOUT_PASSES:
         return None
     tuned_dtype = "bfloat16" if dtype == "float16" else dtype
-    key = table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, seq_len_bucket(seq_len))
-    entry = _tuned_file().get(kernel_pass, {}).get(key)
+    entry = (
+        _tuned_file().get(kernel_pass, {}).get(table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, bucket))
+    )
     return LaunchConfig(**entry) if entry is not None else None
 
 

@@ -65,9 +65,17 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
 
     schedule = launch.backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, q.shape[2])
     hopper_dq, hopper = hopper_configs(launch, q, k, v, out["o"], do, params)
+    fused_hopper = None  # versions before the Gluon fused backward had no "bwd_fused_hopper" pass
+    if hasattr(launch, "launch_fused_hopper"):
+        fused_hopper = launch.hopper_launch_config("bwd_fused_hopper", q, k, v, out["o"], do, params, launch.NO_MASKS)
 
     def backward() -> None:
-        if schedule == "fused":
+        if fused_hopper is not None:
+            launch.launch_preprocess(out["o"], do, delta, None, dq_acc)
+            launch.launch_fused_hopper(q, k, v, do, out["lse"], delta, out["dk"], out["dv"], dq_acc, params,
+                                       fused_hopper)  # fmt: skip
+            launch.launch_dq_convert(dq_acc, out["dq"], params.softmax_scale)
+        elif schedule == "fused":
             launch.launch_preprocess(out["o"], do, delta, None, dq_acc)
             launch.launch_dkdv(q, k, v, do, out["lse"], delta, out["dk"], out["dv"], params, cfg("bwd_fused"),
                                dq_acc=dq_acc, dq_reduce="tma")  # fmt: skip
@@ -86,7 +94,9 @@ def make_runs(launch: ModuleType, q, k, v, do, params) -> dict:
         forward()
         backward()
 
-    if schedule == "split" and (hopper_dq, hopper) != (None, None):
+    if fused_hopper is not None:
+        schedule = "fused, Gluon"
+    elif schedule == "split" and (hopper_dq, hopper) != (None, None):
         gluon = [name for name, c in (("dQ", hopper_dq), ("dK/dV", hopper)) if c is not None]
         schedule = f"split, Gluon {' and '.join(gluon)}"
     if hopper_fwd is not None:

@@ -118,6 +118,8 @@ def compile_passes(
                 launch.launch_forward_hopper(q, k, v, o, lse, params, config or hopper)
             elif current == "bwd_dq_hopper":
                 launch.launch_dq_hopper(q, k, v, do, o, lse, None, delta, dq, params, config or hopper)
+            elif current == "bwd_fused_hopper":
+                launch.launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, config or hopper)
             else:
                 launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, config or hopper)
         elif current == "bwd_dkdv":

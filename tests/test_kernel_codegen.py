@@ -2,9 +2,9 @@
 Triton compiles for the H100 target and its bundled ptxas assembles): no register spills (a stack frame), and no
 ptxas warning, whose usual one, C7515, says a wgmma pipeline was serialised (loop bounds computed through selects once
 did that to the dense backward and cost it 9-13%). Cases: the passes the launch table runs for these shapes (the
-fused backward where the table picks it, at D = 64, and the Gluon forward, dQ and dK/dV passes), with and without
-dropout and masks. The Gluon passes have no interpreter path, so this compile is what the CPU suite checks of them;
-their numerics are checked on the GPU (`scripts/bench_attention.py`)."""
+fused backward where the table picks it, at D = 64, and the Gluon forward, dQ, dK/dV and fused backward passes),
+with and without dropout and masks. The Gluon passes have no interpreter path, so this compile is what the CPU
+suite checks of them; their numerics are checked on the GPU (`scripts/bench_attention.py`)."""
 
 import os
 import subprocess
@@ -22,7 +22,8 @@ CASES = {  # kernel_sass.py's arguments
     "D128 16K blocks": "--head-dim 128 --seq-len 16384 --mask blocks --passes fwd,bwd_dq,bwd_dkdv",
     "D128 4K Gluon": "--head-dim 128 --seq-len 4096 --passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
     "D64 8K Gluon dK/dV": "--head-dim 64 --seq-len 8192 --passes bwd_dkdv_hopper",  # three math warpgroups
-    "D64 4K Gluon dropout": "--head-dim 64 --seq-len 4096 --dropout 0.1 --passes bwd_dq_hopper,bwd_dkdv_hopper",
+    "D64 4K Gluon dropout": "--head-dim 64 --seq-len 4096 --dropout 0.1 "
+    "--passes bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
     "D128 4K Gluon dropout": "--head-dim 128 --seq-len 4096 --dropout 0.1 --passes bwd_dq_hopper,bwd_dkdv_hopper",
 }
 
@@ -33,13 +34,14 @@ CASES = {  # kernel_sass.py's arguments
 # pass at D = 128 stores a few addresses before its walk and reloads them after it, never inside it; with dropout
 # (the mask's counters and stream beside dK and dV) it reloads one word a query tile inside the walk, at both head
 # dims (results/tuning/h200-2026-11-27-dkdv-dropout/). The Gluon dQ pass with dropout at D = 64 keeps two words
-# across its walk.
+# across its walk; the Gluon fused backward with dropout, eight (the mask's stream beside its fifth product).
 KNOWN_SPILLS = {
     ("D64 4K dropout documents", "bwd_fused"): 72,
     ("D128 16K blocks", "bwd_dkdv"): 16,
     ("D128 4K Gluon", "bwd_dkdv_hopper"): 24,  # two warpgroups at 248 and 232: addresses kept across the walk
     ("D64 4K Gluon dropout", "bwd_dq_hopper"): 8,
     ("D64 4K Gluon dropout", "bwd_dkdv_hopper"): 8,
+    ("D64 4K Gluon dropout", "bwd_fused_hopper"): 32,
     ("D128 4K Gluon dropout", "bwd_dkdv_hopper"): 16,
 }
 

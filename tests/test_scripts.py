@@ -259,7 +259,7 @@ def test_anchor_column_is_the_geometric_mean_ratio() -> None:
 def _fake_kernel(scale_dropout: bool):
     """An exact attention with torch's dropout; `scale_dropout=False` forgets the 1/(1-p) rescaling."""
 
-    def kernel(q, k, v, *, causal=True, dropout_p=0.0, return_lse=False):
+    def kernel(q, k, v, *, causal=True, dropout_p=0.0, return_lse=False, deterministic=False):
         o, lse = reference_attention(q, k, v, causal=causal, dtype=torch.float32)
         if dropout_p > 0:
             keep = torch.rand(*q.shape[:-1], q.shape[-2]) >= dropout_p

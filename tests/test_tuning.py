@@ -130,13 +130,18 @@ def test_tuning_candidates_cover_every_native_head_dim(kernel_pass):
 
 # What each Gluon pass's tiles must divide: the forward's math warpgroups own 64 query rows each, and the dK/dV
 # pass's 64 keys each (one to three warpgroups, so at most 192 rows); the dK/dV pass's producer warp loads a query
-# tile's LSE and δ 32 lanes wide; the dQ pass's warps split the query rows.
+# tile's LSE and δ 32 lanes wide; the dQ pass's warps split the query rows. The fused pass is one warpgroup of 64
+# keys whose fifth product has a query tile as its rows (a warpgroup product's 64).
 _TILE_UNITS = {
     "fwd_hopper": lambda cfg: (64, 16),
     "bwd_dkdv_hopper": lambda cfg: (32, 64),
     "bwd_dq_hopper": lambda cfg: (16 * cfg["num_warps"], 16),
+    "bwd_fused_hopper": lambda cfg: (64, 64),
 }
 _WARPGROUP_ROWS = {"fwd_hopper": "block_m", "bwd_dkdv_hopper": "block_n"}
+# The dropout at which a pass runs GPT-2's head dim at 16K: the fused Gluon backward only with dropout, where it
+# draws each number once (without, the split backward is faster).
+_GPT2_DROPOUT = {"bwd_fused_hopper": 0.1}
 
 
 @pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
@@ -155,6 +160,8 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
         assert cfg["block_m"] % unit_m == 0 and cfg["block_n"] % unit_n == 0, key
         if kernel_pass in _WARPGROUP_ROWS:
             assert cfg[_WARPGROUP_ROWS[kernel_pass]] <= 3 * 64, key
+        if kernel_pass == "bwd_fused_hopper":
+            assert cfg["block_n"] == 64, key
         head_dim, dropout, seq_len = int(d[1:]), drop == "drop", int(bucket[1:])
         expected = LaunchConfig(**cfg)
         assert hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout, seq_len) == expected, key
@@ -164,13 +171,12 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
     for head_dim, dropout, seq_len in itertools.product((64, 128), (False, True), SEQ_LEN_BUCKETS):
         listed = table_key(kernel_pass, head_dim, "bfloat16", True, dropout, seq_len) in entries
         assert (hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout, seq_len) is not None) == listed
-    assert hopper_config(kernel_pass, 64, "bfloat16", True, False, 16384) is not None  # GPT-2's head dim at long T
+    gpt2_dropout = kernel_pass in _GPT2_DROPOUT
+    assert hopper_config(kernel_pass, 64, "bfloat16", True, gpt2_dropout, 16384) is not None  # GPT-2's at long T
 
 
-@pytest.mark.parametrize(("kernel_pass", "kernel"), [("fwd_hopper", "flash_fwd_hopper_kernel"),
-                                                     ("bwd_dq_hopper", "flash_bwd_dq_hopper_kernel"),
-                                                     ("bwd_dkdv_hopper", "flash_bwd_dkdv_hopper_kernel")])  # fmt: skip
-def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypatch, kernel_pass, kernel):
+@pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
+def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypatch, kernel_pass):
     """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
     the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
     causal bf16 or fp16 call at 16K, with dropout only for a pass that draws its mask; None with a mask, fp32, a T
@@ -184,7 +190,11 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypat
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)
     monkeypatch.setattr(launch, "interpreting", lambda: False)
 
-    def decide(seq_len=16384, dtype=torch.bfloat16, dropout=0.0, masks=launch.NO_MASKS, layout=None, o_layout=None):
+    gpt2_dropout = _GPT2_DROPOUT.get(kernel_pass, 0.0)
+
+    def decide(
+        seq_len=16384, dtype=torch.bfloat16, dropout=gpt2_dropout, masks=launch.NO_MASKS, layout=None, o_layout=None
+    ):
         q, k, v, o, do = (torch.zeros(1, 2, seq_len, 64, dtype=dtype) for _ in range(5))
         if layout is not None:
             q = layout(q)
@@ -195,15 +205,15 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypat
             do = None
         return launch.hopper_launch_config(kernel_pass, q, k, v, o, do, params, masks)
 
-    expected = hopper_config(kernel_pass, 64, "bfloat16", True, False, 16384)
+    expected = hopper_config(kernel_pass, 64, "bfloat16", True, gpt2_dropout > 0, 16384)
     assert expected is not None and decide() == expected
     assert decide(dtype=torch.float16) == expected
-    for seq_len in SEQ_LEN_BUCKETS:  # the table decides the T (it lists some buckets and not others)
-        assert decide(seq_len=seq_len) == hopper_config(kernel_pass, 64, "bfloat16", True, False, seq_len)
     assert decide(dtype=torch.float32) is None
-    with_dropout = [hopper_config(kernel_pass, 64, "bfloat16", True, True, seq_len) for seq_len in SEQ_LEN_BUCKETS]
-    assert [decide(seq_len=seq_len, dropout=0.1) for seq_len in SEQ_LEN_BUCKETS] == with_dropout
-    assert any(cfg is not None for cfg in with_dropout) == (kernel_pass in HOPPER_DROPOUT_PASSES)
+    for dropout in (0.0, 0.1):  # the table decides the T (it lists some buckets and not others) and the dropout
+        listed = [hopper_config(kernel_pass, 64, "bfloat16", True, dropout > 0, seq_len) for seq_len in SEQ_LEN_BUCKETS]
+        assert [decide(seq_len=seq_len, dropout=dropout) for seq_len in SEQ_LEN_BUCKETS] == listed
+        if dropout:
+            assert any(cfg is not None for cfg in listed) == (kernel_pass in HOPPER_DROPOUT_PASSES)
     assert decide(masks=replace(launch.NO_MASKS, window_size=256)) is None
     assert decide(dropout=0.1, masks=replace(launch.NO_MASKS, window_size=256)) is None
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
@@ -214,7 +224,7 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypat
     monkeypatch.setattr(launch, "is_hopper", lambda device: False)
     assert decide() is None
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)
-    monkeypatch.setattr(launch, kernel, None)  # another Triton release: no Gluon pass
+    monkeypatch.setattr(launch, f"flash_{kernel_pass}_kernel", None)  # another Triton release: no Gluon pass
     assert decide() is None
     monkeypatch.undo()
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)

@@ -1,6 +1,5 @@
-"""The 5-product Gluon backward with dropout (`flash_bwd_fused_hopper.py` beside this file) against the fused
-Triton backward and the split backward the table takes, in one process. Prepared on 2026-11-27 and compiled for
-sm_90a on a CPU (`--compile-only`); not yet run on a GPU.
+"""The 5-product Gluon backward with dropout (now `kernels/flash_bwd_fused_hopper.py`) against the fused Triton
+backward and the split backward the table took, in one process (H200, 2026-11-27: `ab.json`).
 
 First a check at odd shapes (ragged T, Tq < Tk, causal and not, a gradient of the LSE; D = 64, dropout 0 and 0.1):
 dQ, dK and dV against float64 gradients of `reference_attention` under the mask the Triton forward drew, within
@@ -13,7 +12,6 @@ dQ, dK and dV against float64 gradients of `reference_attention` under the mask 
 """
 
 import argparse
-import importlib.util
 import itertools
 import json
 import math
@@ -31,10 +29,10 @@ CHECK_SHAPES = ((1000, 1000, True, False), (1000, 1000, False, True), (333, 777,
 
 
 def _kernel():
-    spec = importlib.util.spec_from_file_location("flash_bwd_fused_hopper", HERE / "flash_bwd_fused_hopper.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.flash_bwd_fused_hopper_kernel
+    """The kernel as it was kept (`kernels/flash_bwd_fused_hopper.py`: the same machine code as the one timed here)."""
+    from flashgpt.kernels.flash_bwd_fused_hopper import flash_bwd_fused_hopper_kernel
+
+    return flash_bwd_fused_hopper_kernel
 
 
 def accumulator_descriptor(dq_acc: torch.Tensor, rows: int) -> TensorDescriptor:

@@ -1,19 +1,43 @@
-"""Experiment (prepared, not yet run on a GPU): the 5-product backward in Gluon, with dropout drawn once per tile
-pair. The kept dK/dV pass (`kernels/flash_bwd_dkdv_hopper.py`: producer warp, one math warpgroup of 64 keys; K
-read from shared memory, which here spills less than K in registers) plus a fifth product per query tile, as in
-`../h200-2026-11-27-gluon-fused/`:
+"""The fused backward for Hopper, in Gluon: 5 products per tile pair, the dropout mask drawn once.
 
-    dSᵀ → shared memory,  dQ_tile = dS·K (dSᵀ read transposed),  dQ_acc += dQ_tile by a TMA bulk reduce-add
+The dK/dV pass of `flash_bwd_dkdv_hopper.py` (its producer warp and ring of Q/dO tiles, one math warpgroup of 64
+keys, every product asynchronous) plus a fifth product that adds this key tile's share of dQ into an fp32
+accumulator, as FlashAttention-2/3 and cuDNN do:
 
-and the dropout mask of `kernels/gluon_dropout.keep_mask_t`, drawn once for dV, dK and dQ (the split backward
-draws it in both of its passes). δ and the zeroed fp32 accumulator come from `launch.launch_preprocess`, dQ's
-scale and cast from `launch.launch_dq_convert`, as in the Triton fused backward.
+    Sᵀ = K·Qᵀ,  Pᵀ = exp2(Sᵀ·scale·log2 e − LSE·log2 e),  dPᵀ = V·dOᵀ,
+    dV += (Z ∘ Pᵀ)·dO,  dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ),  dK += dSᵀ·Q,
+    dQ_acc[query tile] += dS·K                          (dK scaled by `scale` at the end, dQ by `launch_dq_convert`)
+
+with keep-mask Z and keep-scale c (Z = 1, c = 1 without dropout). The split backward recomputes Sᵀ and dPᵀ in its
+dQ pass and draws the mask there again; here each Philox number is drawn once for dV, dK and dQ.
+
+    issue Sᵀ_j, dPᵀ_j │ draw Z_j │ wait Sᵀ_j (dK_{j−1} retires; its buffer goes back) │ Pᵀ_j ‖ dPᵀ_j runs
+    issue dV_j        │ wait dPᵀ_j                                                    │ dSᵀ_j ‖ dV_j runs
+    dSᵀ_j → shared memory; issue dQ_j = dS_j·K (dSᵀ read transposed), issue dK_j
+    wait dQ_j, dV_j   │ dQ_j → shared memory → TMA reduce-add into dQ_acc            ‖ dK_j runs
+
+- The reduce-add is Hopper's `cp.reduce.async.bulk.tensor.add` (`gluon_common.reduce_add_head_tile`): one bulk
+  operation a tile, not 64 · D element-wise atomics. Sums land in an order that varies between runs, so
+  `deterministic=True` takes the split backward.
+- K is read from shared memory for both of its products: in registers for Sᵀ, as the dK/dV pass holds it at
+  D = 64, the kernel spilled 200 bytes with dropout, beside the fifth product's accumulator.
+- With dropout the mask rides in Pᵀ's sign once Pᵀ is computed (a dropped element becomes −P), so its decisions
+  need no registers through dV's and dS's products: that took the spills from 80 bytes to a few.
+
+Against the split backward the table takes (Gluon dQ and dK/dV passes) with dropout 0.1 at D = 64, causal,
+16K tokens a call, this pass ran 1.04 / 1.20 / 1.23 / 1.22 / 1.27× faster at 1K-16K, and 1.16-1.31× the fused
+Triton backward (`results/tuning/h200-2026-11-27-gluon-fused-dropout/`). Without dropout the split backward is
+4-10% faster (its dQ pass owns its rows, no reduce), so the table takes this pass only with dropout; at D = 128
+the three accumulators do not fit one warpgroup's registers.
+
+Dense, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T; the tensors must suit tensor
+descriptors (`launch.hopper_launch_config` checks) and dQ_acc (B, H, Tq, D) fp32 is contiguous and zeroed
+(`launch.launch_preprocess`, which also writes δ). Gluon has no interpreter path: the CPU tests compile this pass
+for sm_90a (`tests/test_kernel_codegen.py`) and `scripts/bench_attention.py --check-only` checks it on the GPU.
 """
 
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -22,25 +46,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from flashgpt.kernels.flash_bwd_dkdv_hopper import _producer
-from flashgpt.kernels.gluon_common import LOG2E, load_head_tile, mma_layout, store_head_tile, tile_layout
-from flashgpt.kernels.gluon_dropout import keep_mask_t
-
-
-@builtin
-def _async_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """Bulk tensor reduce-add of shared memory `src` into the tile of `tensor_desc` at `coord` (Hopper's
-    cp.reduce.async.bulk.tensor). Triton 3.6 has the op but Gluon does not export it; wait with `tma.store_wait`
-    before `src` is written again."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+from .flash_bwd_dkdv_hopper import _producer, init_ring, query_ring
+from .gluon_common import LOG2E, load_head_tile, mma_layout, reduce_add_head_tile, store_head_tile, tile_layout
+from .gluon_dropout import keep_mask_t
 
 
 @gluon.jit
 def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.constexpr, FIRST: gl.constexpr,
                 DROPOUT: gl.constexpr):  # fmt: skip
     """One query tile's share of (dK, dV), dK's product still in flight when it returns, and its dQ rows += dS·K
-    sent to the accumulator by a reduce-add."""
+    sent to the accumulator. MASKED: the tile crosses the causal diagonal. FIRST: the walk's first tile, whose
+    products start dK and dV."""
     start_n, offs_n, b, h = keys
     shift, qk_scale, rng, dropout_scale, seq_len_k = consts
     k_smem, v_smem = kv
@@ -79,14 +95,14 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
     if MASKED:
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
         pT = gl.where((offs_m + shift)[None, :] >= offs_n[:, None], pT, 0.0)
-    if DROPOUT:  # from here the mask rides in pT's sign (dropped: −P), so its decisions need no registers
+    if DROPOUT:  # from here a dropped element is −P, so the decisions need no registers
         pT = gl.where(keep, pT, -pT)
         pdT = gl.maximum(pT, 0.0)
     else:
         pdT = pT
     dv = warpgroup_mma(gl.convert_layout(pdT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
     dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dpT,))
-    if DROPOUT:  # kept: P·(c·dPᵀ − δ); dropped: −P·δ, i.e. the signed pT times δ
+    if DROPOUT:  # kept: P·(c·dPᵀ − δ); dropped: −P·δ, which is the signed Pᵀ times δ
         dsT = gl.where(pT > 0.0, pT * (dpT * dropout_scale - delta[None, :]), pT * delta[None, :])
     else:
         dsT = pT * (dpT - delta[None, :])
@@ -101,7 +117,7 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
     tma.store_wait(0)  # the reduce-add that last read dq_smem is done
     dq_smem.store(dq)
     fence_async_shared()
-    _async_reduce_add(dq_desc, [b, h, start_m, 0], dq_smem.reshape(dq_desc.block_type.shape))
+    reduce_add_head_tile(dq_desc, b, h, start_m, dq_smem)
     return dk, dv
 
 
@@ -121,7 +137,9 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     keys = (start_n, offs_n, b, h)
-    # The first tile is peeled (C7515, as in the kept passes). Every key tile meets at least one query tile.
+    # The first tile is peeled so that products, not zeros written by the warps, start dK and dV (an accumulator
+    # written by plain instructions where paths merge makes ptxas serialise every product, C7515). Every key tile
+    # meets at least one query tile.
     dk, dv = _fused_step(zeros, zeros, 0, kv, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT)
     for tile in range(1, n_masked):
         dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT)
@@ -163,9 +181,10 @@ def flash_bwd_fused_hopper_kernel(
     CAUSAL: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """dK, dV (B, H, Tk, D) of the 64-key tile program_id(0) of head program_id(1), and this tile's share of dQ
-    added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ (`launch_preprocess`).
-    Descriptors as the kept dK/dV pass takes them, plus dq_acc_desc in tiles of (1, 1, BLOCK_M, D) fp32."""
+    """dK, dV (B, H, Tk, D) of the 64-key tile program_id(0) of head program_id(1), and this tile's share of
+    dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ. Descriptors
+    as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of (1, 1, 64, D)), and
+    dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`)."""
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -178,27 +197,16 @@ def flash_bwd_fused_hopper_kernel(
     kv_layout: gl.constexpr = tile_layout(BLOCK_N, HEAD_DIM, dtype)
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-    stats_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    ring = (
-        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
-        gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype)),
-        gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype)),
-        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout),
-        gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], stats_layout),
-    )
+    ring = query_ring(STAGES, BLOCK_M, HEAD_DIM, dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], tile_layout(BLOCK_N, BLOCK_M, dtype))
-    dq_smem = gl.allocate_shared_memory(
-        gl.float32, [BLOCK_M, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32)
-    )
+    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, gl.float32))
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ring[0].index(i), count=2)  # the expect (TMA bytes) and the LSE/δ stores
-        mbarrier.init(ring[1].index(i), count=1)
+    init_ring(ring, 1)
     fence_async_shared()
 
-    # Query tiles [lo, hi) see this key tile; those below `free` cross the diagonal (shift: Tk − Tq).
+    # Query tiles [lo, hi) see this key tile; those below `free` cross its diagonal (causal: shift = Tk − Tq aligns
+    # them to the bottom right).
     shift = seq_len_k - seq_len_q
     hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
     if CAUSAL:
@@ -217,7 +225,7 @@ def flash_bwd_fused_hopper_kernel(
     row_start = bh.to(gl.int64) * seq_len_q
     rows = (LSE + row_start, Delta + row_start, seq_len_q)
     outs = (dk_desc, dv_desc, b, h, softmax_scale)
-    rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
+    rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
     consts = (shift, softmax_scale * LOG2E, rng, dropout_scale, seq_len_k)
     shared = (kv_ready, ring, (ds_smem, dq_smem, dq_acc_desc), (lo, n_tiles, n_masked), outs, consts)
     gl.warp_specialize(
