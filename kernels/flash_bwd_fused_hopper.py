@@ -1,8 +1,8 @@
 """The fused backward for Hopper, in Gluon: 5 products per tile pair, the dropout mask drawn once.
 
-The dK/dV pass of `flash_bwd_dkdv_hopper.py` (its producer warp and ring of Q/dO tiles, one math warpgroup of 64
-keys, every product asynchronous) plus a fifth product that adds this key tile's share of dQ into an fp32
-accumulator, as FlashAttention-2/3 and cuDNN do:
+The dK/dV pass of `flash_bwd_dkdv_hopper.py` (its producer warp and ring of Q/dO tiles, math warpgroups of 64 keys,
+every product asynchronous) plus a fifth product that adds the program's share of dQ into an fp32 accumulator, as
+FlashAttention-2/3 and cuDNN do:
 
     Sᵀ = K·Qᵀ,  Pᵀ = exp2(Sᵀ·scale·log2 e − LSE·log2 e),  dPᵀ = V·dOᵀ,
     dV += (Z ∘ Pᵀ)·dO,  dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ),  dK += dSᵀ·Q,
@@ -11,10 +11,18 @@ accumulator, as FlashAttention-2/3 and cuDNN do:
 with keep-mask Z and keep-scale c (Z = 1, c = 1 without dropout). The split backward recomputes Sᵀ and dPᵀ in its
 dQ pass and draws the mask there again; here each Philox number is drawn once for dV, dK and dQ.
 
+D = 64, one math warpgroup, 64-query tiles:
+
     issue Sᵀ_j, dPᵀ_j │ draw Z_j │ wait Sᵀ_j (dK_{j−1} retires; its buffer goes back) │ Pᵀ_j ‖ dPᵀ_j runs
     issue dV_j        │ wait dPᵀ_j                                                    │ dSᵀ_j ‖ dV_j runs
     dSᵀ_j → shared memory; issue dQ_j = dS_j·K (dSᵀ read transposed), issue dK_j
     wait dQ_j, dV_j   │ dQ_j → shared memory → TMA reduce-add into dQ_acc            ‖ dK_j runs
+
+D = 128, two math warpgroups (128 keys), 32-query tiles: dK and dV take 128 registers a thread, so, as in the dK/dV
+pass, dPᵀ is issued after dV's product and Sᵀ and dPᵀ are never in flight together; dQ is computed transposed,
+dQᵀ (D, 32) = Kᵀ·dSᵀ, so that its accumulator takes 32 registers (a product's rows come in 64s: dS·K would need
+64-query tiles), and dK's left operand dSᵀ is read from shared memory like dQᵀ's (from registers, beside the
+stores that put it there, ptxas serialised every product of the kernel, C7512).
 
 - The reduce-add is Hopper's `cp.reduce.async.bulk.tensor.add` (`gluon_common.reduce_add_head_tile`): one bulk
   operation a tile, not 64 · D element-wise atomics. Sums land in an order that varies between runs, so
@@ -24,11 +32,11 @@ dQ pass and draws the mask there again; here each Philox number is drawn once fo
 - With dropout the mask rides in Pᵀ's sign once Pᵀ is computed (a dropped element becomes −P), so its decisions
   need no registers through dV's and dS's products: that took the spills from 80 bytes to a few.
 
-Against the split backward the table takes (Gluon dQ and dK/dV passes) with dropout 0.1 at D = 64, causal,
-16K tokens a call, this pass ran 1.04 / 1.20 / 1.23 / 1.22 / 1.27× faster at 1K-16K, and 1.16-1.31× the fused
-Triton backward (`results/tuning/h200-2026-11-27-gluon-fused-dropout/`). Without dropout the split backward is
-4-10% faster (its dQ pass owns its rows, no reduce), so the table takes this pass only with dropout; at D = 128
-the three accumulators do not fit one warpgroup's registers.
+With dropout 0.1, causal, 16K tokens a call, against the split backward (Gluon dQ and dK/dV passes) this pass ran
+1.04 / 1.20 / 1.23 / 1.22 / 1.27× faster at D = 64 and 1.05 / 1.15 / 1.18 / 1.21 / 1.20× at D = 128, 1K-16K
+(`results/tuning/h200-2026-11-27-gluon-fused-dropout/`, `results/tuning/h200-2026-11-27-gluon-fused-d128/`).
+Without dropout the split backward is as fast or faster (by up to 7% at D = 64 and 7-13% at D = 128: its dQ pass
+owns its rows and needs no reduce), so the table takes this pass only with dropout.
 
 Dense, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T; the tensors must suit tensor
 descriptors (`launch.hopper_launch_config` checks) and dQ_acc (B, H, Tq, D) fp32 is contiguous and zeroed
@@ -55,8 +63,10 @@ from .gluon_dropout import keep_mask_t
 def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.constexpr, FIRST: gl.constexpr,
                 DROPOUT: gl.constexpr):  # fmt: skip
     """One query tile's share of (dK, dV), dK's product still in flight when it returns, and its dQ rows += dS·K
-    sent to the accumulator. MASKED: the tile crosses the causal diagonal. FIRST: the walk's first tile, whose
-    products start dK and dV."""
+    sent to the accumulator. MASKED: the tile crosses the causal diagonal. FIRST: the warpgroup's first tile, whose
+    products start dK and dV. At D > 64 (dK and dV take 128 registers a thread) dPᵀ is issued after dV's product,
+    so that Sᵀ and dPᵀ are never in flight together, and dQ is computed transposed, dQᵀ = Kᵀ·dSᵀ, so that a query
+    tile of 32 rows (a product's rows are 64) keeps its accumulator at 32 registers."""
     start_n, offs_n, b, h = keys
     shift, qk_scale, rng, dropout_scale, seq_len_k = consts
     k_smem, v_smem = kv
@@ -66,6 +76,7 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
     BLOCK_M: gl.constexpr = q_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_ring.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
+    LATE: gl.constexpr = HEAD_DIM > 64
     dtype: gl.constexpr = q_ring.dtype
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
@@ -78,17 +89,18 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
     do_tile = do_ring.index(slot)
     zeros = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     sT = warpgroup_mma(k_smem, q_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
-    dpT = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    if not LATE:
+        dpT = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
     lse2 = lse_ring.index(slot).load(row_layout)
     delta = delta_ring.index(slot).load(row_layout)
     start_m = lo + tile * BLOCK_M
     if DROPOUT:
         keep = keep_mask_t(rng, start_m, start_n, seq_len_k, BLOCK_N, BLOCK_M)
     if FIRST:
-        sT = warpgroup_mma_wait(num_outstanding=1, deps=(sT,))
+        sT = warpgroup_mma_wait(num_outstanding=0 if LATE else 1, deps=(sT,))
     else:
         # Retires the previous tile's dK product with Sᵀ: its buffer goes back to the producer.
-        sT, dk = warpgroup_mma_wait(num_outstanding=1, deps=(sT, dk))
+        sT, dk = warpgroup_mma_wait(num_outstanding=0 if LATE else 1, deps=(sT, dk))
         mbarrier.arrive(empty.index((tile - 1) % STAGES), count=1)
 
     pT = gl.exp2(sT * qk_scale - lse2[None, :])
@@ -101,7 +113,11 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
     else:
         pdT = pT
     dv = warpgroup_mma(gl.convert_layout(pdT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
-    dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dpT,))
+    if LATE:
+        dpT = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        dpT, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dpT, dv))
+    else:
+        dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dpT,))
     if DROPOUT:  # kept: P·(c·dPᵀ − δ); dropped: −P·δ, which is the signed Pᵀ times δ
         dsT = gl.where(pT > 0.0, pT * (dpT * dropout_scale - delta[None, :]), pT * delta[None, :])
     else:
@@ -109,13 +125,27 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
     dsT = dsT.to(dtype)
     ds_smem.store(dsT)
     fence_async_shared()
-    dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout),
-                       use_acc=False, is_async=True)  # fmt: skip
-    dk = warpgroup_mma(gl.convert_layout(dsT, p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
-    # Retires dV and dQ; dK runs on while dQ goes out.
-    dq, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq, dv))
+    if LATE:  # dQᵀ (D, BLOCK_M) = Kᵀ·dSᵀ, both read from shared memory
+        dq_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
+        dq = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, dq_layout),
+                           use_acc=False, is_async=True)  # fmt: skip
+    else:  # dQ (BLOCK_M, D) = dS·K, dS read transposed from dSᵀ's buffer
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout),
+                           use_acc=False, is_async=True)  # fmt: skip
+    if LATE:  # dK's left operand from shared memory too: from registers, ptxas serialises every product (C7512)
+        dk = warpgroup_mma(ds_smem, q_tile, dk, use_acc=not FIRST, is_async=True)
+    else:
+        dk = warpgroup_mma(gl.convert_layout(dsT, p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
+    # Retires dQ (and dV, where it is still in flight); dK runs on while dQ goes out.
+    if LATE:
+        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq,))
+    else:
+        dq, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq, dv))
     tma.store_wait(0)  # the reduce-add that last read dq_smem is done
-    dq_smem.store(dq)
+    if LATE:
+        dq_smem.permute((1, 0)).store(dq)
+    else:
+        dq_smem.store(dq)
     fence_async_shared()
     reduce_add_head_tile(dq_desc, b, h, start_m, dq_smem)
     return dk, dv
@@ -123,27 +153,42 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
 
 @gluon.jit
 def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
-    """The walk over the query tiles that see this program's keys, then dK (times the softmax scale) and dV (times
-    the dropout keep-scale) by TMA stores through K's and V's buffers."""
+    """One warpgroup's 64 keys: walk the query tiles that see them, then store their dK (times the softmax scale)
+    and dV (times the dropout keep-scale) by TMA through K's and V's buffers."""
     kv_ready, ring, dq_out, tiles, outs, consts = shared
+    shift = consts[0]
     k_smem, v_smem = kv
-    lo, n_tiles, n_masked = tiles
+    empty = ring[1]
+    lo, n_tiles, hi = tiles
     dk_desc, dv_desc, b, h, softmax_scale = outs
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
-    s_layout: gl.constexpr = mma_layout(gl.num_warps(), ring[2].shape[1])
+    BLOCK_M: gl.constexpr = ring[2].shape[1]
+    STAGES: gl.constexpr = ring[2].shape[0]
+    s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+    # The program's query tiles [lo, hi): those below `mine` see none of these keys (handed back unread), those
+    # below `free` cross their diagonal. Keys past Tk (a ragged last tile) keep the last query tile, masked, so that
+    # the peeled step always has one.
+    first, free = lo, lo
+    if CAUSAL:
+        first = gl.minimum(gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M, hi - BLOCK_M)
+        free = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
+    mine = (first - lo) // BLOCK_M
+    masked_end = gl.maximum((free - lo) // BLOCK_M, mine + 1)
+    for tile in range(mine):
+        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
+        mbarrier.arrive(empty.index(tile % STAGES), count=1)
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     keys = (start_n, offs_n, b, h)
     # The first tile is peeled so that products, not zeros written by the warps, start dK and dV (an accumulator
-    # written by plain instructions where paths merge makes ptxas serialise every product, C7515). Every key tile
-    # meets at least one query tile.
-    dk, dv = _fused_step(zeros, zeros, 0, kv, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT)
-    for tile in range(1, n_masked):
+    # written by plain instructions where paths merge makes ptxas serialise every product, C7515).
+    dk, dv = _fused_step(zeros, zeros, mine, kv, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT)
+    for tile in range(mine + 1, masked_end):
         dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT)
-    for tile in range(gl.maximum(n_masked, 1), n_tiles):
+    for tile in range(masked_end, n_tiles):
         dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, False, False, DROPOUT)
     dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
     if DROPOUT:
@@ -178,61 +223,77 @@ def flash_bwd_fused_hopper_kernel(
     dropout_threshold,
     dropout_scale,
     STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """dK, dV (B, H, Tk, D) of the 64-key tile program_id(0) of head program_id(1), and this tile's share of
-    dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ. Descriptors
-    as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of (1, 1, 64, D)), and
-    dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`)."""
+    """dK, dV (B, H, Tk, D) of the key tile program_id(0) (64 · CONSUMERS keys) of head program_id(1), and its
+    share of dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ.
+    Descriptors as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of
+    (1, 1, 64, D)), and dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`)."""
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    KEYS: gl.constexpr = k_desc.block_type.shape[2]  # a warpgroup's
+    BLOCK_N: gl.constexpr = KEYS * CONSUMERS
+    gl.static_assert(CONSUMERS <= 2, "one or two math warpgroups")
     bh = gl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
     start_n = gl.program_id(0) * BLOCK_N
 
-    kv_layout: gl.constexpr = tile_layout(BLOCK_N, HEAD_DIM, dtype)
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], kv_layout)
+    kv_layout: gl.constexpr = tile_layout(KEYS, HEAD_DIM, dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
     ring = query_ring(STAGES, BLOCK_M, HEAD_DIM, dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], tile_layout(BLOCK_N, BLOCK_M, dtype))
-    dq_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, gl.float32))
+    ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, BLOCK_M], tile_layout(KEYS, BLOCK_M, dtype))
+    dq_layout: gl.constexpr = tile_layout(BLOCK_M, HEAD_DIM, gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, HEAD_DIM], dq_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
-    init_ring(ring, 1)
+    init_ring(ring, CONSUMERS)
     fence_async_shared()
 
-    # Query tiles [lo, hi) see this key tile; those below `free` cross its diagonal (causal: shift = Tk − Tq aligns
-    # them to the bottom right).
+    # Query tiles [lo, hi) see some key of this program (causal: shift = Tk − Tq aligns them to the bottom right).
     shift = seq_len_k - seq_len_q
     hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
-        free = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
-    else:
-        lo = 0
-        free = 0
+    lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
     n_tiles = (hi - lo) // BLOCK_M
-    n_masked = (free - lo) // BLOCK_M
 
-    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
-    load_head_tile(k_desc, b, h, start_n, kv_ready, k_smem)
-    load_head_tile(v_desc, b, h, start_n, kv_ready, v_smem)
+    mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        load_head_tile(k_desc, b, h, start_n + c * KEYS, kv_ready, k_smem.index(c))
+        load_head_tile(v_desc, b, h, start_n + c * KEYS, kv_ready, v_smem.index(c))
 
     row_start = bh.to(gl.int64) * seq_len_q
     rows = (LSE + row_start, Delta + row_start, seq_len_q)
     outs = (dk_desc, dv_desc, b, h, softmax_scale)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
     consts = (shift, softmax_scale * LOG2E, rng, dropout_scale, seq_len_k)
-    shared = (kv_ready, ring, (ds_smem, dq_smem, dq_acc_desc), (lo, n_tiles, n_masked), outs, consts)
-    gl.warp_specialize(
-        [
-            (_consumer, ((k_smem, v_smem), shared, start_n, CAUSAL, DROPOUT)),
-            (_producer, ((q_desc, do_desc), ring, rows, lo, n_tiles, b, h)),
-        ],
-        [1],
-        [24],
-    )
+    # Constexprs go into each partition's argument tuple directly (a tuple bound to a name makes them run-time).
+    tiles = (lo, n_tiles, hi)
+    dq_out0 = (ds_smem.index(0), dq_smem.index(0), dq_acc_desc)
+    producer = ((q_desc, do_desc), ring, rows, lo, n_tiles, b, h)
+    if CONSUMERS == 1:
+        gl.warp_specialize(
+            [
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
+                             start_n, CAUSAL, DROPOUT)),
+                (_producer, producer),
+            ],
+            [1],
+            [24],
+        )  # fmt: skip
+    else:
+        dq_out1 = (ds_smem.index(1), dq_smem.index(1), dq_acc_desc)
+        gl.warp_specialize(
+            [
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
+                             start_n, CAUSAL, DROPOUT)),
+                (_consumer, ((k_smem.index(1), v_smem.index(1)), (kv_ready, ring, dq_out1, tiles, outs, consts),
+                             start_n + KEYS, CAUSAL, DROPOUT)),
+                (_producer, producer),
+            ],
+            [4, 1],
+            [232, 24],
+        )  # fmt: skip

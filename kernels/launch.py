@@ -457,17 +457,18 @@ def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams,
 
 def launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params: AttentionParams, cfg: LaunchConfig) -> Launch:
     """dk, dv (B, H, Tk, D), and dS·K added into dq_acc (B, H, Tq, D) fp32 contiguous, through the Gluon fused
-    backward at cfg (`hopper_launch_config`): programs of 64 keys. δ and the zeroed dq_acc come from
-    `launch_preprocess`, dq from `launch_dq_convert`; dk and dv are stored by TMA, as in `launch_dkdv_hopper`."""
+    backward at cfg (`hopper_launch_config`): programs of cfg.block_n // 64 math warpgroups of 64 keys each. δ and
+    the zeroed dq_acc come from `launch_preprocess`, dq from `launch_dq_convert`; dk and dv are stored by TMA, as
+    in `launch_dkdv_hopper`."""
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
-    m = cfg.block_m
+    m, n = cfg.block_m, cfg.block_n
     return _launch(
-        flash_bwd_fused_hopper_kernel, (_cdiv(seq_len_k, 64), batch * heads), head_descriptor(q, m),
+        flash_bwd_fused_hopper_kernel, (_cdiv(seq_len_k, n), batch * heads), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), head_descriptor(dq_acc, m), heads, seq_len_q, seq_len_k, params.softmax_scale,
-        *params.scalars[1:], STAGES=cfg.num_stages, CAUSAL=params.causal, DROPOUT=params.dropout, num_warps=4,
-        maxnreg=cfg.maxnreg,
+        *params.scalars[1:], STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal, DROPOUT=params.dropout,
+        num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
