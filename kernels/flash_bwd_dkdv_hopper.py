@@ -205,34 +205,19 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
     """One warpgroup's 64 keys: walk the query tiles that see them, then write their dK (times the softmax scale)
     and dV (times the dropout keep-scale)."""
     kv_ready, ring, tiles, outs, consts = shared
-    shift = consts[0]
-    k_smem = kv[0]
-    empty = ring[1]
-    lo, n_tiles, hi = tiles
-    dk_desc, dv_desc, b, h, softmax_scale = outs
+    k_smem, v_smem = kv
+    lo, n_tiles, _ = tiles
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     BLOCK_M: gl.constexpr = ring[2].shape[1]
-    STAGES: gl.constexpr = ring[2].shape[0]
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    # The program's query tiles [lo, hi) in steps of BLOCK_M: those below `mine` see none of these keys (handed
-    # back unread), those below `free` cross their diagonal. Keys past Tk (a ragged last tile) keep the last query
-    # tile, masked, so that the peeled step always has one.
-    first, free = lo, lo
-    if CAUSAL:
-        first = gl.minimum(gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M, hi - BLOCK_M)
-        free = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
-    mine = (first - lo) // BLOCK_M
-    masked_end = gl.maximum((free - lo) // BLOCK_M, mine + 1)
-    for tile in range(mine):
-        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
-        mbarrier.arrive(empty.index(tile % STAGES), count=1)
+    mine, masked_end = skip_unseen_tiles(start_n, tiles, consts[0], ring, BLOCK_N, CAUSAL)
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     if HEAD_DIM <= 64:  # K as Sᵀ's left operand from registers: the product then reads only Qᵀ from shared memory
-        kv = (k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)), kv[1])
+        kv = (k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)), v_smem)
     LATE_DP: gl.constexpr = HEAD_DIM > 64  # dK and dV take 128 registers a thread: Sᵀ and dPᵀ take turns
     keys = (start_n, offs_n)
     dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, keys, consts, CAUSAL, True, LATE_DP, DROPOUT)
@@ -243,11 +228,39 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
     dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
     if DROPOUT:
         dv = dv * consts[3]
+    store_dk_dv(dk, dv, (k_smem, v_smem), outs, start_n)
 
-    # dK and dV leave by TMA stores through K's and V's buffers, free now that every product that read them has
-    # retired; rows past Tk are clipped by the descriptors.
+
+@gluon.jit
+def skip_unseen_tiles(start_n, tiles, shift, ring, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(mine, masked_end) of the warpgroup whose BLOCK_N keys start at start_n, among the program's query tiles
+    tiles = (lo, n_tiles, hi), counted from lo in steps of BLOCK_M: those below `mine` see none of its keys and are
+    handed back unread here, those from `mine` to `masked_end` cross their diagonal (causal: shift = Tk − Tq). Keys
+    past Tk (a ragged last tile) keep the last query tile, masked, so that the walk's peeled first step always has
+    one."""
+    lo, _, hi = tiles
+    STAGES: gl.constexpr = ring[2].shape[0]
+    BLOCK_M: gl.constexpr = ring[2].shape[1]
+    first, free = lo, lo
+    if CAUSAL:
+        first = gl.minimum(gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M, hi - BLOCK_M)
+        free = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
+    mine = (first - lo) // BLOCK_M
+    masked_end = gl.maximum((free - lo) // BLOCK_M, mine + 1)
+    for tile in range(mine):
+        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
+        mbarrier.arrive(ring[1].index(tile % STAGES), count=1)
+    return mine, masked_end
+
+
+@gluon.jit
+def store_dk_dv(dk, dv, kv, outs, start_n):
+    """dK (times the softmax scale) and dV of the keys at start_n, by TMA stores through K's and V's buffers
+    kv = (k_smem, v_smem), free once every product that read them has retired; rows past Tk are clipped by the
+    descriptors outs = (dk_desc, dv_desc, b, h, softmax_scale)."""
+    k_smem, v_smem = kv
+    dk_desc, dv_desc, b, h, softmax_scale = outs
     k_smem.store((dk * softmax_scale).to(k_smem.dtype))
-    v_smem = kv[1]
     v_smem.store(dv.to(v_smem.dtype))
     fence_async_shared()
     store_head_tile(dk_desc, b, h, start_n, k_smem)

@@ -54,8 +54,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .flash_bwd_dkdv_hopper import _producer, init_ring, query_ring
-from .gluon_common import LOG2E, load_head_tile, mma_layout, reduce_add_head_tile, store_head_tile, tile_layout
+from .flash_bwd_dkdv_hopper import _producer, init_ring, query_ring, skip_unseen_tiles, store_dk_dv
+from .gluon_common import LOG2E, load_head_tile, mma_layout, reduce_add_head_tile, tile_layout
 from .gluon_dropout import keep_mask_t
 
 
@@ -156,30 +156,16 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
     """One warpgroup's 64 keys: walk the query tiles that see them, then store their dK (times the softmax scale)
     and dV (times the dropout keep-scale) by TMA through K's and V's buffers."""
     kv_ready, ring, dq_out, tiles, outs, consts = shared
-    shift = consts[0]
-    k_smem, v_smem = kv
-    empty = ring[1]
-    lo, n_tiles, hi = tiles
-    dk_desc, dv_desc, b, h, softmax_scale = outs
+    k_smem = kv[0]
+    lo, n_tiles, _ = tiles
+    b, h = outs[2], outs[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     BLOCK_M: gl.constexpr = ring[2].shape[1]
-    STAGES: gl.constexpr = ring[2].shape[0]
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    # The program's query tiles [lo, hi): those below `mine` see none of these keys (handed back unread), those
-    # below `free` cross their diagonal. Keys past Tk (a ragged last tile) keep the last query tile, masked, so that
-    # the peeled step always has one.
-    first, free = lo, lo
-    if CAUSAL:
-        first = gl.minimum(gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M, hi - BLOCK_M)
-        free = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
-    mine = (first - lo) // BLOCK_M
-    masked_end = gl.maximum((free - lo) // BLOCK_M, mine + 1)
-    for tile in range(mine):
-        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
-        mbarrier.arrive(empty.index(tile % STAGES), count=1)
+    mine, masked_end = skip_unseen_tiles(start_n, tiles, consts[0], ring, BLOCK_N, CAUSAL)
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     keys = (start_n, offs_n, b, h)
@@ -194,12 +180,7 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
     if DROPOUT:
         dv = dv * consts[3]
     tma.store_wait(0)
-    k_smem.store((dk * softmax_scale).to(k_smem.dtype))
-    v_smem.store(dv.to(v_smem.dtype))
-    fence_async_shared()
-    store_head_tile(dk_desc, b, h, start_n, k_smem)
-    store_head_tile(dv_desc, b, h, start_n, v_smem)
-    tma.store_wait(0)
+    store_dk_dv(dk, dv, kv, outs, start_n)
 
 
 @gluon.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
