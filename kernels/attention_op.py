@@ -449,9 +449,11 @@ def _attention_backward(
     # The fused backward sums dQ in an order that varies between runs: only where determinism is not asked for. Its
     # Gluon pass, where the table lists it for the shape, comes before the Triton one.
     fused_hopper = None if deterministic else hopper_launch_config("bwd_fused_hopper", q, k, v, o, do, params, masks)
-    schedule = backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],
-                                     masks.document_ids is not None)  # fmt: skip
-    fused = fused_hopper is not None or (not deterministic and schedule == "fused")
+    fused = fused_hopper is not None or (
+        not deterministic
+        and backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],
+                                  masks.document_ids is not None) == "fused"
+    )  # fmt: skip
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if fused else None
 
     def launch() -> list:
