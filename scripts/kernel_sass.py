@@ -31,8 +31,8 @@ from flashgpt.kernels.tuning import HOPPER_DROPOUT_PASSES, HOPPER_PASSES, Launch
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TRITON_PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
-# fwd_hopper, bwd_dq_hopper, bwd_dkdv_hopper: the Gluon passes, at the table's configuration for the shape (dense;
-# with dropout, those that draw the mask).
+# fwd_hopper, bwd_dq_hopper, bwd_dkdv_hopper, bwd_fused_hopper: the Gluon passes, at the table's configuration for
+# the shape (dense; with dropout, those that draw the mask).
 PASSES = (*TRITON_PASSES, *HOPPER_PASSES)
 MASKS = ("none", "window", "documents", "blocks")
 # Opcode families worth watching in an attention kernel: tensor-core products, the exp2 unit, fp32 arithmetic,
