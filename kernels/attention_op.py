@@ -65,7 +65,7 @@ from .launch import (
     tuned_config,
 )
 from .tile_schedule import FlashMask, TileKey
-from .tuning import NATIVE_HEAD_DIMS, PASSES, seq_len_bucket
+from .tuning import NATIVE_HEAD_DIMS, PASSES, LaunchConfig, seq_len_bucket
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIM_MULTIPLE = 8
@@ -121,6 +121,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: floa
     if causal is not True and causal is not False:
         raise TypeError(f"flash_attention: causal must be a bool, got {causal!r}")
     batch, heads, seq_len, head_dim = q_shape
+    validate_masks(seq_len, k_shape[2], caller="flash_attention")  # with no masks: Tq <= Tk
     _check_head_dim(head_dim, "flash_attention")
     if seq_len < 1 or batch < 1 or heads < 1:
         raise ValueError(f"flash_attention: empty input of shape {tuple(q_shape)}")
@@ -135,6 +136,28 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: floa
         _, _, stride_t, stride_d = t.stride()
         if (rows - 1) * stride_t + (head_dim - 1) * stride_d >= 2**31:
             raise ValueError(f"flash_attention: {name} spans more than 2³¹ elements within one head")
+
+
+# What _check_inputs read of the calls it passed; each is a set of checked properties, not of tensors.
+_CHECKED_INPUTS: set[tuple] = set()
+MAX_CHECKED_INPUTS = 256
+
+
+def _check_inputs_once(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, eager: bool) -> None:
+    """_check_inputs, skipped in eager mode (`_plain_eager(q)`) for plain tensors whose shapes, strides, dtypes and
+    devices, with the same causal and dropout_p (value and type), passed it before (everything it reads): a model's
+    layers repeat one call. Traced code checks every call, so that the compiler neither guards on this cache nor
+    specialises."""
+    if not (eager and type(k) is torch.Tensor and type(v) is torch.Tensor):
+        _check_inputs(q, k, v, causal, dropout_p)
+        return
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+           k.device, v.device, type(causal), causal, type(dropout_p), dropout_p, interpreting())  # fmt: skip
+    if key not in _CHECKED_INPUTS:
+        _check_inputs(q, k, v, causal, dropout_p)
+        if len(_CHECKED_INPUTS) >= MAX_CHECKED_INPUTS:
+            _CHECKED_INPUTS.clear()
+        _CHECKED_INPUTS.add(key)
 
 
 def _check_masks(
@@ -234,13 +257,13 @@ def flash_mask(
 _MASK_FITS: "weakref.WeakKeyDictionary[FlashMask, set]" = weakref.WeakKeyDictionary()
 
 
-def _check_prebuilt(mask: FlashMask, q: Tensor, k: Tensor, backward: bool) -> None:
-    """A mask from flash_mask fits this call's shapes and devices, and has the backward's schedules if needed. The
-    operators check that it holds the tiles they launch with (which depend on the dtype, head dim, causal and
-    dropout_p it was built for)."""
+def _check_prebuilt(mask: FlashMask, q: Tensor, k: Tensor, backward: bool, eager: bool) -> None:
+    """A mask from flash_mask fits this call's shapes and devices, and has the backward's schedules if needed:
+    checked once per mask and call shape in eager mode, on every call when traced (symbolic shapes). The operators
+    check that it holds the tiles they launch with (which depend on the dtype, head dim, causal and dropout_p it was
+    built for)."""
     if not isinstance(mask, FlashMask):
         raise TypeError(f"flash_attention: mask must be a FlashMask from flash_mask, got {type(mask).__name__}")
-    eager = _plain_eager(q)  # traced shapes are symbolic: no cache
     call = (q.shape[:3], k.shape[2], q.device, backward)  # all that the checks below read of the call
     if eager and call in _MASK_FITS.get(mask, ()):  # every layer of a model step passes one mask, one shape
         return
@@ -278,11 +301,14 @@ def _kernel_masks(
     )
 
 
-def _call_options(q: Tensor, params: AttentionParams, masks: FlashMask) -> tuple:
-    """Besides the tensors' signatures, what a call's launches depend on (launch_plans): the dtype, q's device and
-    the current one, the options and the window (a plan table is per tensor mask)."""
+def _call_signature(q: Tensor, k: Tensor, v: Tensor, params: AttentionParams, masks: FlashMask) -> tuple:
+    """What a forward's launches depend on (launch_plans), and a backward's besides o and do: the signatures of q,
+    k and v, the dtype, q's device and the current one, the options, the window (a plan table is per tensor mask)
+    and the integer widths of the seed and offset."""
     options = (params.causal, params.dropout_p, params.softmax_scale, masks.window_size)
-    return (q.dtype, q.get_device(), torch._C._cuda_getDevice() if q.is_cuda else -1, *options)
+    device = (q.get_device(), torch._C._cuda_getDevice() if q.is_cuda else -1)
+    widths = launch_plans.int_widths(params.scalars[1:4])
+    return (*launch_plans.signature(q, k, v), q.dtype, *device, *options, *widths)
 
 
 def _fit(k: Tensor, masks: FlashMask) -> dict:
@@ -363,10 +389,17 @@ def _attention_forward(
     masks: FlashMask,
 ) -> tuple[Tensor, Tensor]:
     """`_forward` with its masks as one FlashMask."""
+    params = _params(causal, dropout_p, softmax_scale, q.shape[-1], rng_state)
+    o, lse, _ = _forward_launches(q, k, v, params, masks)
+    return o, lse
+
+
+def _forward_launches(
+    q: Tensor, k: Tensor, v: Tensor, params: AttentionParams, masks: FlashMask
+) -> tuple[Tensor, Tensor, tuple]:
+    """o, lse and the call's signature (`_call_signature`), which the backward's plan key starts from."""
     batch, heads, seq_len, head_dim = q.shape
-    params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
-    scalars = params.scalars[1:4]  # launch_plans.SCALARS
-    key = ("fwd", *launch_plans.signature(q, k, v), *_call_options(q, params, masks), *launch_plans.int_widths(scalars))
+    call = _call_signature(q, k, v, params, masks)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v = (_pad_head_dim(t, native) for t in (q, k, v))
@@ -378,8 +411,8 @@ def _attention_forward(
             return [launch_forward_hopper(q, k, v, o, lse, params, hopper)]
         return [launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)]
 
-    launch_plans.launch_or_replay(masks, key, (q, k, v, o, lse, *scalars), launch)
-    return (o[..., :head_dim] if native != head_dim else o), lse
+    launch_plans.launch_or_replay(masks, ("fwd", call), (q, k, v, o, lse, *params.scalars[1:4]), launch)
+    return (o[..., :head_dim] if native != head_dim else o), lse, call
 
 
 flash_attention_forward = torch.library.custom_op("flashgpt::flash_attention_forward", _forward, mutates_args=())
@@ -435,25 +468,61 @@ def _attention_backward(
     deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`_backward_kernels` with its masks as one FlashMask."""
+    params = _params(causal, dropout_p, softmax_scale, q.shape[-1], rng_state)
+    call = _call_signature(q, k, v, params, masks)
+    return _backward_launches(do, q, k, v, o, lse, dlse, params, masks, deterministic, call)
+
+
+# Which backward each call signature takes (`_backward_schedule`), decided at its first call.
+_BACKWARD_SCHEDULES: dict[tuple, tuple[LaunchConfig | None, bool]] = {}
+
+
+def _backward_schedule(q, k, v, o, do, params: AttentionParams, masks: FlashMask, deterministic: bool) -> tuple:
+    """(the Gluon fused pass's configuration or None, whether the backward is the fused one). The fused backward
+    sums dQ in an order that varies between runs: only where determinism is not asked for. Its Gluon pass, where
+    the table lists it for the shape, comes before the Triton one."""
+    if deterministic:
+        return None, False
+    fused_hopper = hopper_launch_config("bwd_fused_hopper", q, k, v, o, do, params, masks)
+    if fused_hopper is not None:
+        return fused_hopper, True
+    documents = masks.document_ids is not None
+    split_or_fused = backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],
+                                           documents)  # fmt: skip
+    return None, split_or_fused == "fused"
+
+
+def _backward_launches(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    params: AttentionParams,
+    masks: FlashMask,
+    deterministic: bool,
+    call: tuple,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv; call: the forward's `_call_signature`."""
     head_dim = q.shape[-1]
-    params = _params(causal, dropout_p, softmax_scale, head_dim, rng_state)
-    scalars = params.scalars[1:4]  # launch_plans.SCALARS
     dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
-    key = ("bwd", *launch_plans.signature(q, k, v, o, do), dlse is None, deterministic,
-           *_call_options(q, params, masks), *launch_plans.int_widths(scalars))  # fmt: skip
+    key = ("bwd", call, *launch_plans.signature(o, do), dlse is None, deterministic)
     native = native_head_dim(head_dim)
     if native != head_dim:
         q, k, v, o, do = (_pad_head_dim(t, native) for t in (q, k, v, o, do))
+    # Everything the schedule reads of a call is in its key, masks aside: the kinds of tensor masks join it.
+    schedule_key = (key, masks.document_ids is not None, masks.block_mask is not None)
+    schedule = _BACKWARD_SCHEDULES.get(schedule_key)
+    if schedule is None:
+        if len(_BACKWARD_SCHEDULES) >= launch_plans.MAX_PLANS:
+            _BACKWARD_SCHEDULES.clear()
+        schedule = _BACKWARD_SCHEDULES[schedule_key] = _backward_schedule(q, k, v, o, do, params, masks,
+                                                                          deterministic)  # fmt: skip
+    fused_hopper, fused = schedule
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # The fused backward sums dQ in an order that varies between runs: only where determinism is not asked for. Its
-    # Gluon pass, where the table lists it for the shape, comes before the Triton one.
-    fused_hopper = None if deterministic else hopper_launch_config("bwd_fused_hopper", q, k, v, o, do, params, masks)
-    fused = fused_hopper is not None or (
-        not deterministic
-        and backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],
-                                  masks.document_ids is not None) == "fused"
-    )  # fmt: skip
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32) if fused else None
 
     def launch() -> list:
@@ -476,7 +545,8 @@ def _attention_backward(
             return [dq_launch, launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, hopper)]
         return [dq_launch, launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)]
 
-    launch_plans.launch_or_replay(masks, key, (q, k, v, do, o, lse, dlse, delta, dq, dk, dv, dq_acc, *scalars), launch)
+    values = (q, k, v, do, o, lse, dlse, delta, dq, dk, dv, dq_acc, *params.scalars[1:4])
+    launch_plans.launch_or_replay(masks, key, values, launch)
     if native != head_dim:
         return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
     return dq, dk, dv
@@ -548,9 +618,13 @@ class _EagerFlashAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, options: tuple):
         # Everything but q, k, v travels as one tuple: autograd's per-input bookkeeping costs host time per argument.
         # options: (rng_state, causal, dropout_p, softmax_scale, masks: FlashMask, deterministic)
-        o, lse = _attention_forward(q, k, v, *options[:5])
+        rng_state, causal, dropout_p, softmax_scale, masks, _ = options
+        params = _params(causal, dropout_p, softmax_scale, q.shape[-1], rng_state)
+        o, lse, call = _forward_launches(q, k, v, params, masks)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = options
+        # The backward runs on autograd's device thread, whose every step costs more host time than here (its caches
+        # are cold): it starts from the forward's parameters and call signature rather than work them out again.
+        ctx.options, ctx.params, ctx.call = options, params, call
         ctx.set_materialize_grads(False)  # an unused lse then arrives as None, not as zeros to subtract
         return o, lse
 
@@ -560,12 +634,12 @@ class _EagerFlashAttention(torch.autograd.Function):
         rng_state, causal, dropout_p, softmax_scale, masks, deterministic = ctx.options
         if do is None:  # only the log-sum-exp was used
             do = torch.zeros_like(o)
-        args = (do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale)
         if torch.is_grad_enabled() or not _plain_eager(do):
             # With create_graph the gradients come from the operator, whose own backward refuses a second derivative.
+            args = (do, q, k, v, o, lse, dlse, rng_state, causal, dropout_p, softmax_scale)
             dq, dk, dv = flash_attention_backward(*args, *masks.operator_args(), deterministic)
         else:
-            dq, dk, dv = _attention_backward(*args, masks, deterministic)
+            dq, dk, dv = _backward_launches(do, q, k, v, o, lse, dlse, ctx.params, masks, deterministic, ctx.call)
         return dq, dk, dv, None
 
 
@@ -607,7 +681,8 @@ def flash_attention(
     summed with float atomics and varies in its last bits; None (default) follows
     `torch.are_deterministic_algorithms_enabled()`.
     """
-    _check_inputs(q, k, v, causal, dropout_p)
+    eager = _plain_eager(q)
+    _check_inputs_once(q, k, v, causal, dropout_p, eager)
     _check_options(softmax_scale, return_lse)
     backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if mask is not None:
@@ -615,9 +690,10 @@ def flash_attention(
             raise ValueError(
                 "flash_attention: give the masks either built (mask=) or as window_size / document_ids / block_mask"
             )
-        _check_prebuilt(mask, q, k, backward)
+        _check_prebuilt(mask, q, k, backward, eager)
     else:
-        _check_masks(q, k, window_size, document_ids, block_mask, block_size)
+        if window_size is not None or document_ids is not None or block_mask is not None:
+            _check_masks(q, k, window_size, document_ids, block_mask, block_size)
         # Plain Python ints from here on (numpy integers pass the checks): the launch path keys on types.
         window_size, block_size = None if window_size is None else int(window_size), int(block_size)
         if document_ids is not None or block_mask is not None:  # built once for the forward and the backward
@@ -631,7 +707,7 @@ def flash_attention(
         deterministic = torch.are_deterministic_algorithms_enabled()
     elif not isinstance(deterministic, bool):
         raise TypeError(f"flash_attention: deterministic must be a bool or None, got {deterministic!r}")
-    if _plain_eager(q):
+    if eager:
         if mask is None:  # no masks or a window: nothing to schedule
             mask = _kernel_masks(q, k, window_size, None, None, block_size, None, None)
         if backward:

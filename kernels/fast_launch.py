@@ -16,7 +16,12 @@ over every argument cost an H100 host ~35 µs per launch). Launch hooks (profile
 Triton's own path.
 
 `bind` goes one step further for a caller that launches the same kernel with the same arguments but a few (its
-tensors, a seed): it returns a `BoundLaunch` holding the whole argument list, whose call only fills in those.
+tensors, a seed): it returns a `BoundLaunch` holding the whole argument list of the compiled launcher's C entry
+point, whose call only fills in those. A host-made tensor descriptor becomes there what Triton's Python launcher
+makes of it on every call (`make_tensordesc_arg`): a TMA descriptor (CUtensorMap) of the tensor's address, then
+its shape and strides. A bound launch fills the shape and strides in once and each address's TMA descriptor once
+(`TensorMaps`): a launch of the fused backward, with seven descriptors, cost ~50 µs of host time through Triton's
+launcher.
 
 The direct path leans on Triton internals (the compiled kernel's `run`, `function` and `packed_metadata`, and the
 launcher's argument order), checked on the Triton release named below. With any other release every launch takes
@@ -29,6 +34,11 @@ from collections.abc import Callable, Sequence
 import torch
 import triton
 from triton import knobs
+
+try:  # the launcher's layout of a TMA descriptor's element type (Triton releases without host descriptors lack it)
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+except ImportError:
+    TMA_DTYPE_DEVICE_TO_HOST = {}
 
 try:  # host-made tensor descriptors, Triton's and Gluon's (releases without them have none to key)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
@@ -97,18 +107,49 @@ class FastLauncher:
         return (device, tuple(key), tuple(constexprs.items()))
 
     def bind(
-        self, grid: tuple[int, ...], args: tuple, constexprs: dict, slots: Sequence[tuple[int, int]]
+        self,
+        grid: tuple[int, ...],
+        args: tuple,
+        constexprs: dict,
+        slots: Sequence[tuple[int, int]],
+        descriptors: Sequence[tuple[int, int]] = (),
+        baked: Sequence[int] = (),
     ) -> "BoundLaunch | None":
         """This launch, already made once (so compiled), as a `BoundLaunch` whose calls replace args[position] by
-        values[index] for each (position, index) in slots. None where launches do not take the direct path."""
+        values[index] for each (position, index) in slots, and the host-made tensor descriptor args[position] by
+        one of the same tile, shape and strides of the tensor at address values[index] for each (position, index)
+        in descriptors. The tensors at the positions in baked are bound by address: the caller keeps them alive.
+        None where launches do not take the direct path."""
         if not direct_launches():
             return None
         entry = self._entries.get(self.key(torch._C._cuda_getDevice(), args, constexprs))
         if entry is None:
             return None
         run, function, metadata, tail = entry
+        kernel_args = [*args, *(constexprs[name] for name in tail)]
+        for position in baked:
+            kernel_args[position] = kernel_args[position].data_ptr()
         grid = (*grid, 1, 1)[:3]
-        return BoundLaunch(run, grid, function, metadata, [*args, *(constexprs[name] for name in tail)], slots)
+        launcher, metas = _c_entry(run)
+        if run.profile_scratch_size or len(metas) != len(descriptors) or any(meta is None for meta in metas):
+            return None  # a profiler's scratch, descriptors lowered to pointers, or another launcher than written for
+        # The C entry point's arguments: grid, stream, function, cooperative grid and PDL flags, the two scratch
+        # buffers, packed metadata, launch metadata and hooks (none), then the kernel's, descriptors expanded.
+        head = [*grid, None, function, run.launch_cooperative_grid, run.launch_pdl, None, None, metadata, None, None,
+                None]  # fmt: skip
+        at = {position: index for position, index in descriptors}
+        full, where, maps = list(head), {}, []
+        for position, arg in enumerate(kernel_args):
+            where[position] = len(full)
+            if position in at:
+                meta = metas[len(maps)]
+                maps.append((len(full), at[position], TensorMaps(_tma_fill(arg, meta))))
+                full += [None, *arg.shape, *arg.strides]
+            else:
+                full.append(arg)
+        # Global scratch (descriptors a Triton kernel builds in memory): as Triton's launcher sizes it, per call.
+        scratch = grid[0] * grid[1] * grid[2] * run.num_ctas * run.global_scratch_size
+        return BoundLaunch(launcher, full, [(where[p], i) for p, i in slots], maps, scratch)
 
     def __call__(self, grid: tuple[int, ...], *args, **constexprs) -> None:
         if not DIRECT_LAUNCH:
@@ -138,24 +179,87 @@ class FastLauncher:
         run(grid[0], grid_y, grid_z, stream, function, metadata, None, None, None, *args, *constexpr_args)
 
 
+def _c_entry(run) -> tuple[Callable, list]:
+    """The C entry point of a compiled kernel's launcher and the TMA metadata of its tensor-descriptor arguments, in
+    order: Triton's launcher wraps the entry point to expand descriptors where the kernel takes any."""
+    launch = run.launch
+    if getattr(launch, "__closure__", None) is None:  # the C function itself
+        return launch, []
+    captured = dict(zip(launch.__code__.co_freevars, (cell.cell_contents for cell in launch.__closure__), strict=True))
+    return captured["launcher"], list(captured["tensordesc_meta"] or [None] * len(captured["tensordesc_indices"]))
+
+
+def _tma_fill(descriptor, meta: dict) -> Callable[[int], object]:
+    """address -> the TMA descriptor that Triton's launcher makes of `descriptor` with its base at that address
+    (`make_tensordesc_arg`)."""
+    if meta["fp4_padded"]:
+        raise ValueError("fp4-padded tensor descriptors are not bound")
+    fill = triton.runtime.driver.active.utils.fill_tma_descriptor
+    swizzle, elem_size, block = meta["swizzle"], meta["elem_size"], meta["block_size"]
+    elem_type = TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]]
+    shape, strides, padding = list(descriptor.shape), list(descriptor.strides), int(descriptor.padding == "nan")
+    return lambda address: fill(address, swizzle, elem_size, elem_type, block, shape, strides, padding)
+
+
+class TensorMaps:
+    """The TMA descriptors of one launch argument by base address, each made once: everything else in them (element
+    type, tile, swizzle, shape, strides) is the bound launch's, which a replay's signature fixes."""
+
+    MAX_ADDRESSES = 16  # a replayed step reuses a few addresses (PyTorch's caching allocator); past that, start over
+
+    __slots__ = ("fill", "maps")
+
+    def __init__(self, fill: Callable[[int], object]) -> None:
+        self.fill = fill
+        self.maps: dict[int, object] = {}
+
+    def __call__(self, address: int) -> object:
+        tensor_map = self.maps.get(address)
+        if tensor_map is None:
+            if len(self.maps) >= self.MAX_ADDRESSES:
+                self.maps.clear()
+            tensor_map = self.maps[address] = self.fill(address)
+        return tensor_map
+
+
+STREAM, GLOBAL_SCRATCH = 3, 7  # positions in a bound launch's argument list (the C entry point's)
+
+
 class BoundLaunch:
-    """One compiled kernel's launch with its grid and arguments fixed but for some positions (`FastLauncher.bind`).
-    The caller keeps those positions' values to what the kernel was specialised for: a tensor of the same dtype and
-    16-byte alignment, an int of the same width."""
+    """One compiled kernel's launch with its whole argument list fixed but for some positions (`FastLauncher.bind`):
+    `launcher(*args)`, with the stream at STREAM and `scratch` bytes of global scratch memory at GLOBAL_SCRATCH,
+    allocated per call on the current device. The caller keeps the slots' values to what the kernel was specialised
+    for: a tensor's address of the same 16-byte alignment, an int of the same width."""
 
-    __slots__ = ("args", "function", "grid", "metadata", "run", "slots")
+    __slots__ = ("args", "descriptors", "launcher", "scratch", "slots")
 
-    def __init__(self, run: Callable, grid: tuple, function, metadata, args: list, slots: Sequence[tuple[int, int]]):
-        self.run, self.grid, self.function, self.metadata = run, grid, function, metadata
+    def __init__(
+        self,
+        launcher: Callable,
+        args: list,
+        slots: Sequence[tuple[int, int]],
+        descriptors: Sequence[tuple[int, int, Callable[[int], object]]] = (),
+        scratch: int = 0,
+    ) -> None:
+        self.launcher = launcher
         self.slots = tuple(slots)
+        # (position, index, maps): args[position] = maps(values[index]), a TMA descriptor of the address there.
+        self.descriptors = tuple(descriptors)
+        self.scratch = scratch
         # The slots' values are filled in at every call: holding the binding call's would keep its tensors alive
         # as long as the plan, and through an output's autograd graph the very mask whose plan table holds them.
-        filled = {position for position, _ in self.slots}
+        filled = {position for position, _ in self.slots} | {position for position, _, _ in self.descriptors}
         self.args = [None if i in filled else arg for i, arg in enumerate(args)]
 
     def __call__(self, values: Sequence, stream: int) -> None:
         """Launch on `stream` with args[position] = values[index] for each slot."""
         args = self.args.copy()
+        args[STREAM] = stream
         for position, index in self.slots:
             args[position] = values[index]
-        self.run(*self.grid, stream, self.function, self.metadata, None, None, None, *args)
+        for position, index, maps in self.descriptors:
+            args[position] = maps(values[index])
+        if self.scratch:  # freed once the launch is queued: PyTorch's allocator reuses it in stream order
+            scratch = torch.empty(self.scratch, dtype=torch.int8, device="cuda")
+            args[GLOBAL_SCRATCH] = scratch.data_ptr()
+        self.launcher(*args)

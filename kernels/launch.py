@@ -68,11 +68,13 @@ class Launch:
     args: tuple
     constexprs: dict
 
-    def bind(self, slots: list[tuple[int, int]]) -> BoundLaunch | None:
+    def bind(
+        self, slots: list[tuple[int, int]], descriptors: list[tuple[int, int]], baked: list[int]
+    ) -> BoundLaunch | None:
         """`FastLauncher.bind` of this launch; None in the interpreter, which launches through Triton only."""
         if interpreting():
             return None
-        return _fast_launcher(self.kernel).bind(self.grid, self.args, self.constexprs, slots)
+        return _fast_launcher(self.kernel).bind(self.grid, self.args, self.constexprs, slots, descriptors, baked)
 
 
 def _launch(kernel, grid: tuple[int, int], *args, **constexprs) -> Launch:
@@ -397,8 +399,7 @@ def hopper_launch_config(
     interpreter, dense (with dropout: the backward passes, which draw the mask themselves), bf16 or fp16 (both
     checked on the GPU), tensors that descriptors fit (o: the forward's output or the backward's input; do: the
     backward's, None for the forward), a shape the table measured it faster for, and the tested Triton. Else None."""
-    # Cheapest first, since the backward asks on every call: the fused pass's answer decides its buffers before a
-    # replay. The kernel is looked up by name, so that a test can take one away as another Triton release would.
+    # The kernel is looked up by name, so that a test can take one away as another Triton release would.
     if globals()[f"flash_{kernel_pass}_kernel"] is None or masks.any:
         return None
     if q.dtype not in (torch.bfloat16, torch.float16):

@@ -10,14 +10,14 @@ binding, so masks built afresh inside every compiled call cost nothing here.
 
 A plan keeps its tensors' positions, not the tensors, except those of a mask (document ids, block mask,
 schedule), which it keeps bound for as long as that mask lives: plans of a mask live in a table that forgets them
-with it. A host-made tensor descriptor of a call's tensor (the Gluon passes take them) is kept without its tensor
-and given the call's at each replay. Binding refuses (and the signature keeps the full path) if a launch took any
-other tensor, such as a temporary copy made inside a launch function, which a replay would otherwise reuse.
+with it. A host-made tensor descriptor of a call's tensor (the Gluon passes take them) is bound as the TMA
+descriptor of each call's tensor's address (`fast_launch.TensorMaps`). Binding refuses (and the signature keeps the
+full path) if a launch took any other tensor, such as a temporary copy made inside a launch function, which a
+replay would otherwise reuse.
 
 `ENABLED = False` turns replays off (benchmarks compare both ways in one process).
 """
 
-import copy
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .fast_launch import DESCRIPTOR_TYPES, int_width
-from .launch import Launch, provide_tma_scratch
+from .launch import Launch
 from .tile_schedule import FlashMask
 
 ENABLED = True
@@ -36,12 +36,11 @@ SCALARS = ("seed", "offset_lo", "offset_hi")  # the kernels' per-call ints, afte
 class LaunchPlan:
     """The launches of one call signature, bound; `plan(values)` replays them with that call's values."""
 
-    __slots__ = ("descriptors", "launches", "mask_tensors")
+    __slots__ = ("launches", "mask_tensors")
 
-    def __init__(self, launches: list, mask_tensors: list[Tensor], descriptors: list[tuple]) -> None:
+    def __init__(self, launches: list, mask_tensors: list[Tensor]) -> None:
         self.launches = launches
         self.mask_tensors = mask_tensors  # bound by address: kept alive with the plan
-        self.descriptors = descriptors  # (descriptor without its tensor, index of the call's tensor in values)
 
     @classmethod
     def bind(cls, launches: Sequence[Launch], values: Sequence, mask: FlashMask) -> "LaunchPlan | None":
@@ -55,9 +54,9 @@ class LaunchPlan:
         mask_tensors = (mask.document_ids, mask.block_mask, mask.schedule)
         owned = {t.untyped_storage().data_ptr() for t in mask_tensors if t is not None}
         first_scalar = len(values) - len(SCALARS)
-        bound, kept, descriptors = [], [], []
+        bound, kept = [], []
         for launch in launches:
-            slots, baked = [], []
+            slots, descriptors, baked = [], [], []
             for position, arg in enumerate(launch.args):
                 if isinstance(arg, Tensor):
                     index = tensors.get(id(arg))
@@ -71,30 +70,19 @@ class LaunchPlan:
                     index = tensors.get(id(arg.base))
                     if index is None:
                         return None
-                    slots.append((position, len(values) + len(descriptors)))  # after the values: see __call__
-                    template = copy.copy(arg)
-                    template.base = None
-                    descriptors.append((template, index))
+                    descriptors.append((position, index))
             names = launch.kernel.arg_names[: len(launch.args)]
             slots += [(names.index(name), first_scalar + i) for i, name in enumerate(SCALARS) if name in names]
-            replay = launch.bind(slots)
+            replay = launch.bind(slots, descriptors, baked)
             if replay is None:
                 return None
-            for position in baked:
-                kept.append(replay.args[position])
-                replay.args[position] = pointer(replay.args[position])
+            kept += [launch.args[position] for position in baked]
             bound.append(replay)
-        return cls(bound, kept, descriptors)
+        return cls(bound, kept)
 
     def __call__(self, values: Sequence) -> None:
-        provide_tma_scratch()  # per thread: autograd runs the backward on its own
         stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
         arguments = [pointer(v) if isinstance(v, Tensor) else v for v in values]
-        for template, index in self.descriptors:  # the call's tensors in the plan's descriptors
-            descriptor = object.__new__(type(template))  # a copy without copy.copy's ~5 µs
-            descriptor.__dict__.update(template.__dict__)
-            descriptor.base = values[index]
-            arguments.append(descriptor)
         for launch in self.launches:
             launch(arguments, stream)
 

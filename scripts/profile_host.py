@@ -51,7 +51,7 @@ def inside_autograd(step: Callable[[], object], calls: int) -> str:
     """Where a real fwd + autograd.grad spends its host time: the forward's and backward's operator bodies timed in
     place (the backward runs on autograd's device thread), and the whole step with the kernel launches stubbed
     (the full path: stubbed launches leave nothing to replay)."""
-    spent = {"_attention_forward": 0.0, "_attention_backward": 0.0}
+    spent = {"_forward_launches": 0.0, "_backward_launches": 0.0}
     originals = {name: getattr(attention_op, name) for name in spent}
 
     def timed(name: str) -> Callable:

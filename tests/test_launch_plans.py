@@ -16,7 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from test_kernel_masks import make_masks
+from triton.runtime.jit import JITFunction
 
 from flashgpt.kernels import flash_attention, flash_mask, launch_plans
 from flashgpt.kernels.attention_op import _draw_rng_state, _params
@@ -29,16 +32,18 @@ def interpreted_replays(monkeypatch) -> list[str]:
     """Plans bind as on a GPU, but their launches run through the interpreter; returns the replayed kernels' names."""
     replayed: list[str] = []
 
-    def bind(self: Launch, slots):
+    def bind(self: Launch, slots, descriptors, baked):
+        assert not descriptors  # the interpreted kernels take no host-made descriptors
         tail = self.kernel.arg_names[len(self.args) :]
         kernel = self.kernel  # not the launch record, which holds the call's tensors (as a compiled launcher does not)
 
-        def run(grid_x, grid_y, grid_z, stream, function, metadata, *hooks_and_args):
+        def run(grid_x, grid_y, grid_z, stream, *args):
             replayed.append(kernel.fn.__name__)
-            kernel[(grid_x, grid_y, grid_z)](*hooks_and_args[3:])  # the kernel's arguments, constexprs last
+            kernel[(grid_x, grid_y, grid_z)](*args)  # the kernel's arguments, constexprs last
 
-        args = [*self.args, *(self.constexprs[name] for name in tail)]
-        return BoundLaunch(run, (*self.grid, 1, 1)[:3], None, None, args, slots)
+        # The grid and the stream, then the kernel's arguments; mask tensors (baked) stay tensors for the interpreter.
+        args = [*(*self.grid, 1, 1)[:3], None, *self.args, *(self.constexprs[name] for name in tail)]
+        return BoundLaunch(run, args, [(4 + position, index) for position, index in slots])
 
     monkeypatch.setattr(Launch, "bind", bind)
     monkeypatch.setattr(launch_plans, "pointer", lambda t: t)  # the interpreter takes tensors, not addresses
@@ -145,50 +150,73 @@ def test_plans_keep_no_call_tensor_and_no_mask_alive(interpreted_replays):
     assert [ref() for ref in held] == [None] * len(held)
 
 
-def test_a_plan_gives_its_descriptors_each_call_s_tensors_and_keeps_none(monkeypatch):
-    """A launch that took host-made tensor descriptors (the Gluon passes) replays with descriptors of the call's own
-    tensors, the same tile, layout, shape and strides; the plan holds no tensor of the call it was bound at; and a
-    descriptor of a tensor outside the call's values makes binding refuse."""
+def _descriptor_kernel(q_desc, k_desc, out, seed, BLOCK: tl.constexpr):  # only its signature is read
+    pass
+
+
+def test_a_bound_launch_passes_what_tritons_launcher_would(monkeypatch):
+    """A launch that took host-made tensor descriptors (the Gluon passes), planned and replayed with another call's
+    tensors, hands the compiled launcher's C entry point exactly the arguments that Triton's own launcher
+    (`wrap_handle_tensordesc`) would make of descriptors of that call's tensors; each address's TMA descriptor is
+    made once; the plan holds no tensor of the call it was bound at; and a descriptor of a tensor outside the call's
+    values makes binding refuse. The C entry point and the TMA descriptor maker are stood in for."""
+    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+    from flashgpt.kernels import launch
     from flashgpt.kernels.gluon_common import head_descriptor
 
-    received: list[tuple] = []
+    filled: list[tuple] = []
 
-    def bind(self: Launch, slots):
-        return BoundLaunch(lambda *run_args: received.append(run_args[9:]), (1, 1, 1), None, None, list(self.args),
-                           slots)  # fmt: skip
+    def fill_tma_descriptor(*args):
+        filled.append(args)
+        return ("tensor map", *args)
 
-    monkeypatch.setattr(Launch, "bind", bind)
+    driver = SimpleNamespace(utils=SimpleNamespace(fill_tma_descriptor=fill_tma_descriptor))
+    monkeypatch.setattr(triton.runtime.driver, "_active", driver)
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
 
-    kernel = SimpleNamespace(arg_names=("q_desc", "k_desc", "O"))  # only its argument names are read
+    entered: list[list] = []
+    signature = {"q_desc": "tensordesc<bf16[1, 1, 64, 64]>", "k_desc": "tensordesc<bf16[1, 1, 128, 64]>",
+                 "out": "*bf16", "seed": "i64", "BLOCK": "constexpr"}  # fmt: skip
+    metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, rows, 64], "fp4_padded": False}
+             for rows in (64, 128)]  # fmt: skip
+    run = SimpleNamespace(
+        launch=wrap_handle_tensordesc(lambda *args: entered.append(list(args)), signature, metas),
+        global_scratch_size=0, profile_scratch_size=0, num_ctas=1, launch_cooperative_grid=False, launch_pdl=False,
+    )  # fmt: skip
+    kernel = JITFunction(_descriptor_kernel, do_not_specialize=["seed"])
 
-    def values_of_a_call() -> list:
+    def values_of_a_call(seed: int) -> list:
         q, k = (torch.randn(1, 2, 100, 64).bfloat16() for _ in range(2))
-        return [q, k, torch.empty_like(q), 0, 0, 0]
+        return [q, k, torch.empty_like(q), seed, 0, 0]
 
     def launches(values) -> list[Launch]:
-        q, k, o = values[:3]
-        return [Launch(kernel, (1, 1), (head_descriptor(q, 64), head_descriptor(k, 128), o), {})]
+        q, k, o, seed = values[:4]
+        return [Launch(kernel, (3, 2), (head_descriptor(q, 64), head_descriptor(k, 128), o, seed), {"BLOCK": 16})]
 
-    first = values_of_a_call()
-    plan = launch_plans.LaunchPlan.bind(launches(first), first, NO_MASKS)
+    first = values_of_a_call(2**40)
+    (made,) = launches(first)
+    fast = launch._fast_launcher(kernel)
+    fast._entries[fast.key(0, made.args, made.constexprs)] = (run, 7, "packed metadata", ("BLOCK",))
+    plan = launch_plans.LaunchPlan.bind([made], first, NO_MASKS)
     assert plan is not None
     held = [weakref.ref(t) for t in first[:3]]
-    del first
+    del first, made
     gc.collect()
     assert [ref() for ref in held] == [None] * 3
-    call = values_of_a_call()
-    plan(call)
-    (q_desc, k_desc, o), = received  # fmt: skip
-    for descriptor, tensor, rows in ((q_desc, call[0], 64), (k_desc, call[1], 128)):
-        want = head_descriptor(tensor, rows)
-        assert descriptor.base is tensor
-        assert (descriptor.shape, descriptor.strides, descriptor.block_shape) == (want.shape, want.strides,
-                                                                                  want.block_shape)  # fmt: skip
-        assert descriptor.layout == want.layout
-    assert o == call[2].data_ptr()
 
-    foreign = values_of_a_call()
-    other = launches(values_of_a_call())
-    assert launch_plans.LaunchPlan.bind(other, foreign, NO_MASKS) is None
+    call = values_of_a_call(2**41)
+    for _ in range(2):
+        plan(call)
+    q, k, o, seed = call[:4]
+    run.launch(3, 2, 1, 0, 7, False, False, None, None, "packed metadata", None, None, None,
+               head_descriptor(q, 64), head_descriptor(k, 128), o.data_ptr(), seed, 16)  # fmt: skip
+    replayed, replayed_again, triton_made = entered
+    assert replayed == triton_made
+    assert replayed_again == triton_made
+    assert len(filled) == 2 + 2  # the replayed call's two descriptors, made once for both replays, and Triton's two
+
+    foreign = values_of_a_call(2**40)
+    assert launch_plans.LaunchPlan.bind(launches(values_of_a_call(2**40)), foreign, NO_MASKS) is None
