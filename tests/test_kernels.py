@@ -338,6 +338,22 @@ def test_numpy_scalars_are_numbers(seed):
     assert torch.equal(got, expected)
 
 
+def test_checks_still_refuse_what_a_checked_signature_looks_like():
+    """Eager calls check their inputs once per signature (`attention_op._check_inputs_once`): values that compare
+    equal to a checked call's but are not valid (causal=1 for True, dropout_p=False for 0.0) still raise, and so
+    does a call that differs in a property the checks read (its dtype, its Tq)."""
+    q = torch.randn(1, 2, 16, 32)
+    flash_attention(q, q, q, causal=True, dropout_p=0.0)  # this signature now passes without the checks
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attention(q, q, q, causal=1, dropout_p=0.0)
+    with pytest.raises(TypeError, match="dropout_p must be a number"):
+        flash_attention(q, q, q, causal=True, dropout_p=False)
+    with pytest.raises(TypeError, match="dtype"):
+        flash_attention(q.double(), q.double(), q.double(), causal=True, dropout_p=0.0)
+    with pytest.raises(ValueError, match="Tq <= Tk"):
+        flash_attention(torch.randn(1, 2, 17, 32), q, q, causal=True, dropout_p=0.0)
+
+
 def test_errors_name_the_problem(monkeypatch):
     q = torch.randn(1, 2, 16, 32)
     with pytest.raises(ValueError, match="same shape"):
