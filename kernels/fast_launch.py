@@ -131,8 +131,12 @@ class FastLauncher:
             kernel_args[position] = kernel_args[position].data_ptr()
         grid = (*grid, 1, 1)[:3]
         launcher, metas = _c_entry(run)
-        if run.profile_scratch_size or len(metas) != len(descriptors) or any(meta is None for meta in metas):
-            return None  # a profiler's scratch, descriptors lowered to pointers, or another launcher than written for
+        if (
+            run.profile_scratch_size
+            or len(metas) != len(descriptors)
+            or any(meta is None or meta["fp4_padded"] for meta in metas)
+        ):  # a profiler's scratch, descriptors lowered to pointers or fp4-padded, or another launcher than written for
+            return None
         # The C entry point's arguments: grid, stream, function, cooperative grid and PDL flags, the two scratch
         # buffers, packed metadata, launch metadata and hooks (none), then the kernel's, descriptors expanded.
         head = [*grid, None, function, run.launch_cooperative_grid, run.launch_pdl, None, None, metadata, None, None,
@@ -192,8 +196,6 @@ def _c_entry(run) -> tuple[Callable, list]:
 def _tma_fill(descriptor, meta: dict) -> Callable[[int], object]:
     """address -> the TMA descriptor that Triton's launcher makes of `descriptor` with its base at that address
     (`make_tensordesc_arg`)."""
-    if meta["fp4_padded"]:
-        raise ValueError("fp4-padded tensor descriptors are not bound")
     fill = triton.runtime.driver.active.utils.fill_tma_descriptor
     swizzle, elem_size, block = meta["swizzle"], meta["elem_size"], meta["block_size"]
     elem_type = TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]]
