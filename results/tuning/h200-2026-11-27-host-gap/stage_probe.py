@@ -2,9 +2,10 @@
 the forward's launch and the backward's launches goes, on autograd's device thread and on the calling thread.
 
 Each stage boundary appends time.perf_counter_ns() to a list; medians over the iterations, in µs from the
-iteration's start (the L2 clear's launch). No profiler.
+iteration's start (the L2 clear's launch). No profiler. With --mask, a bench_masks mask at T = 4K (B = 4), built
+once (`flash_mask`) as that benchmark does.
 
-    PYTHONPATH=. python results/tuning/h200-2026-11-27-host-gap/stage_probe.py [--single-thread]
+    PYTHONPATH=. python results/tuning/h200-2026-11-27-host-gap/stage_probe.py [--single-thread] [--mask local_global]
 """
 
 import argparse
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--single-thread", action="store_true")
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--detail", action="store_true", help="also time each helper of the eager path")
+    parser.add_argument("--mask", default=None, help="a scripts/bench_masks.py mask, at T = 4K")
     args = parser.parse_args()
     wrap(attention_op._EagerFlashAttention, "forward", "Function.forward")
     wrap(attention_op._EagerFlashAttention, "backward", "Function.backward")
@@ -67,7 +69,15 @@ def main() -> None:
         wrap(launch_plans, "int_widths", "int_widths")
         wrap(launch_plans, "plans_for", "plans_for")
     wrap(fast_launch.BoundLaunch, "__call__", "launch")
-    q, k, v = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    shape, attend = SHAPE, lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=args.dropout)
+    if args.mask:
+        import bench_masks  # scripts/ on the path
+
+        shape = (4, bench_masks.HEADS, 4096, bench_masks.HEAD_DIM)
+        profile = bench_masks.Profile("cuda", torch.bfloat16, 128, 1024, 256)
+        case = bench_masks.build_case(args.mask, 4096, 4, profile)
+        attend = bench_masks.flash_fn(case, args.dropout, 4096, torch.bfloat16)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     grad = torch.randn_like(q)
     cache = triton.runtime.driver.active.get_empty_cache_for_benchmark()
     runs = []
@@ -77,7 +87,7 @@ def main() -> None:
             marks.clear()
             triton.runtime.driver.active.clear_cache(cache)
             mark("start")
-            out = flash_attention(q, k, v, causal=True, dropout_p=args.dropout)
+            out = attend(q, k, v)
             mark("flash_attention returned")
             out.backward(grad)
             mark("backward returned")
