@@ -116,6 +116,17 @@ def test_schedule_choice(deterministic, torch_flag, expected, launched):
     assert launched == expected
 
 
+def test_each_call_takes_its_own_schedule_on_one_signature(launched):
+    """The schedule is decided once per call signature (`attention_op._backward_schedule`); determinism is part of
+    that signature, so alternating it on the same tensors alternates the backward."""
+    q, k, v = make_qkv(1, 1, 24, 16, "contiguous")
+    split, fused = ["launch_dq", "launch_dkdv"], ["launch_preprocess", "launch_dkdv", "launch_dq_convert"]
+    for deterministic, expected in ((False, fused), (True, split), (False, fused), (True, split)):
+        launched.clear()
+        flash_attention(q, k, v, deterministic=deterministic).sum().backward()
+        assert launched == expected, deterministic
+
+
 def test_deterministic_must_be_a_bool():
     q, k, v = make_qkv(1, 1, 8, 16, "contiguous")
     with pytest.raises(TypeError, match="deterministic must be a bool or None"):
