@@ -408,7 +408,7 @@ def _forward_launches(
 
     def launch() -> list:
         if (hopper := hopper_launch_config("fwd_hopper", q, k, v, o, None, params, masks)) is not None:
-            return [launch_forward_hopper(q, k, v, o, lse, params, hopper)]
+            return [launch_forward_hopper(q, k, v, o, lse, params, hopper, masks.window_size)]
         return [launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)]
 
     launch_plans.launch_or_replay(masks, ("fwd", call), (q, k, v, o, lse, *params.scalars[1:4]), launch)
@@ -538,11 +538,12 @@ def _backward_launches(
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
         if (hopper := hopper_launch_config("bwd_dq_hopper", q, k, v, o, do, params, masks)) is not None:
-            dq_launch = launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params, hopper)
+            dq_launch = launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params, hopper, masks.window_size)
         else:
             dq_launch = launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o, dlse=dlse)
         if (hopper := hopper_launch_config("bwd_dkdv_hopper", q, k, v, o, do, params, masks)) is not None:
-            return [dq_launch, launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, hopper)]
+            dkdv_launch = launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, hopper, masks.window_size)
+            return [dq_launch, dkdv_launch]
         return [dq_launch, launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)]
 
     values = (q, k, v, do, o, lse, dlse, delta, dq, dk, dv, dq_acc, *params.scalars[1:4])

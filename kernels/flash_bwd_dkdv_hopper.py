@@ -135,14 +135,16 @@ def _dkdv_step(
     FIRST: gl.constexpr,
     LATE_DP: gl.constexpr,
     DROPOUT: gl.constexpr,
+    WINDOW: gl.constexpr,
 ):
     """One query tile's share of (dK, dV), both still in flight when it returns. MASKED: the tile crosses the
-    causal diagonal. FIRST: the warpgroup's first tile, whose products start dK and dV. LATE_DP: dPᵀ is issued
-    after dV's product rather than with Sᵀ, so that Sᵀ and dPᵀ are never in flight together (the second schedule
-    in the module docstring). DROPOUT: with keep-mask Z and keep-scale c, dV += (Z ∘ Pᵀ)·dO (c applied once, at
-    the end) and dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ); the mask is drawn while Sᵀ's product runs."""
+    causal diagonal or (WINDOW) the upper edge of a causal sliding window. FIRST: the warpgroup's first tile, whose
+    products start dK and dV. LATE_DP: dPᵀ is issued after dV's product rather than with Sᵀ, so that Sᵀ and dPᵀ are
+    never in flight together (the second schedule in the module docstring). DROPOUT: with keep-mask Z and
+    keep-scale c, dV += (Z ∘ Pᵀ)·dO (c applied once, at the end) and dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ); the mask is drawn
+    while Sᵀ's product runs."""
     start_n, offs_n = keys
-    shift, qk_scale, rng, dropout_scale, seq_len_k = consts
+    shift, qk_scale, rng, dropout_scale, seq_len_k, window_size = consts
     k_op, v_op = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     STAGES: gl.constexpr = q_ring.shape[0]
@@ -184,7 +186,10 @@ def _dkdv_step(
     pT = gl.exp2(sT * qk_scale - lse2[None, :])
     if MASKED:
         offs_m = lo + tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
-        pT = gl.where((offs_m + shift)[None, :] >= offs_n[:, None], pT, 0.0)
+        seen = (offs_m + shift)[None, :] >= offs_n[:, None]
+        if WINDOW:
+            seen = seen & ((offs_m + shift)[None, :] < offs_n[:, None] + window_size)
+        pT = gl.where(seen, pT, 0.0)
     pdT = gl.where(keep, pT, 0.0) if DROPOUT else pT
     dv = warpgroup_mma(gl.convert_layout(pdT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
     if LATE_DP:
@@ -201,9 +206,10 @@ def _dkdv_step(
 
 
 @gluon.jit
-def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
+def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr, WINDOW: gl.constexpr):
     """One warpgroup's 64 keys: walk the query tiles that see them, then write their dK (times the softmax scale)
-    and dV (times the dropout keep-scale)."""
+    and dV (times the dropout keep-scale). WINDOW: a causal sliding window, whose upper edge ends the walk early;
+    the program's later tiles are handed back unread."""
     kv_ready, ring, tiles, outs, consts = shared
     k_smem, v_smem = kv
     lo, n_tiles, _ = tiles
@@ -220,12 +226,21 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
         kv = (k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)), v_smem)
     LATE_DP: gl.constexpr = HEAD_DIM > 64  # dK and dV take 128 registers a thread: Sᵀ and dPᵀ take turns
     keys = (start_n, offs_n)
-    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, keys, consts, CAUSAL, True, LATE_DP, DROPOUT)
+    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, keys, consts, CAUSAL, True, LATE_DP, DROPOUT, WINDOW)
     for tile in range(mine + 1, masked_end):
-        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT)
-    for tile in range(masked_end, n_tiles):
-        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT)
-    dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW)
+    if WINDOW:
+        full_end, seen_end = window_query_ends(start_n, tiles, consts, BLOCK_M, BLOCK_N, masked_end)
+        for tile in range(masked_end, full_end):
+            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW)
+        for tile in range(full_end, seen_end):
+            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW)
+        dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        hand_back_unread(ring, seen_end - 1, n_tiles)
+    else:
+        for tile in range(masked_end, n_tiles):
+            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW)
+        dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
     if DROPOUT:
         dv = dv * consts[3]
     store_dk_dv(dk, dv, (k_smem, v_smem), outs, start_n)
@@ -251,6 +266,32 @@ def skip_unseen_tiles(start_n, tiles, shift, ring, BLOCK_N: gl.constexpr, CAUSAL
         mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
         mbarrier.arrive(ring[1].index(tile % STAGES), count=1)
     return mine, masked_end
+
+
+@gluon.jit
+def window_query_ends(start_n, tiles, consts, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, masked_end):
+    """(full_end, seen_end) of the warpgroup whose BLOCK_N keys start at start_n, under a causal sliding window of
+    consts' window_size (query i sees key j if j ≤ i + shift < j + W): from `skip_unseen_tiles`' masked_end on,
+    the program's query tiles (counted from lo) below full_end lie wholly under the window of every one of these
+    keys, and those from full_end to seen_end cross the window's upper edge; none after sees any of them."""
+    lo, n_tiles, _ = tiles
+    shift, window_size = consts[0], consts[5]
+    full_end = gl.maximum(start_n - shift + window_size - lo, 0) // BLOCK_M
+    seen_end = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift + window_size - lo, 0), BLOCK_M)
+    seen_end = gl.minimum(gl.maximum(seen_end, masked_end), n_tiles)
+    return gl.minimum(gl.maximum(full_end, masked_end), seen_end), seen_end
+
+
+@gluon.jit
+def hand_back_unread(ring, last_read, n_tiles):
+    """Hand back buffer `last_read`, whose products have retired, and the tiles after it up to n_tiles, unread
+    (each once it has landed, so that its arrival counts for that fill), for the other warpgroups of the program
+    and the producer that refills them."""
+    STAGES: gl.constexpr = ring[2].shape[0]
+    mbarrier.arrive(ring[1].index(last_read % STAGES), count=1)
+    for tile in range(last_read + 1, n_tiles):
+        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
+        mbarrier.arrive(ring[1].index(tile % STAGES), count=1)
 
 
 @gluon.jit
@@ -287,16 +328,19 @@ def flash_bwd_dkdv_hopper_kernel(
     offset_hi,
     dropout_threshold,
     dropout_scale,
+    window_size,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
     """dK, dV (B, H, Tk, D) of the key tile program_id(0) (64 · CONSUMERS keys) of head program_id(1), from Q, dO
     (B, H, Tq, D), K and V (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the
     dQ pass leaves them). Q and dO arrive as descriptors in tiles of (1, 1, BLOCK_M, D), K and V in tiles of
     (1, 1, 64, D), and dK and dV leave through descriptors of K's tiles, all made on the host
-    (`launch.launch_dkdv_hopper`)."""
+    (`launch.launch_dkdv_hopper`). WINDOW (with CAUSAL): each query sees only the window_size keys up to its own
+    position."""
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -321,6 +365,9 @@ def flash_bwd_dkdv_hopper_kernel(
     shift = seq_len_k - seq_len_q
     hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
     lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
+    if WINDOW:  # queries from start_n + BLOCK_N − 1 − shift + W on see none of the keys; the walk keeps one tile
+        seen_hi = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift + window_size, 0), BLOCK_M) * BLOCK_M
+        hi = gl.maximum(gl.minimum(hi, seen_hi), lo + BLOCK_M)
     n_tiles = (hi - lo) // BLOCK_M
 
     mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
@@ -333,7 +380,7 @@ def flash_bwd_dkdv_hopper_kernel(
     outs = (dk_desc, dv_desc, b, h, softmax_scale)
     qk_scale = softmax_scale * LOG2E
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
-    consts = (shift, qk_scale, rng, dropout_scale, seq_len_k)
+    consts = (shift, qk_scale, rng, dropout_scale, seq_len_k, window_size)
     # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
     # run-time values, and their branches into run-time branches.
     shared = (kv_ready, ring, (lo, n_tiles, hi), outs, consts)
@@ -341,7 +388,7 @@ def flash_bwd_dkdv_hopper_kernel(
     if CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW)),
                 (_producer, producer),
             ],
             [1],
@@ -350,8 +397,8 @@ def flash_bwd_dkdv_hopper_kernel(
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT)),
-                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW)),
+                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW)),
                 (_producer, producer),
             ],
             [4, 1],
@@ -360,9 +407,9 @@ def flash_bwd_dkdv_hopper_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT)),
-                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT)),
-                (_consumer, ((k_smem.index(2), v_smem.index(2)), shared, start_n + 2 * KEYS, CAUSAL, DROPOUT)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW)),
+                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW)),
+                (_consumer, ((k_smem.index(2), v_smem.index(2)), shared, start_n + 2 * KEYS, CAUSAL, DROPOUT, WINDOW)),
                 (_producer, producer),
             ],
             [4, 4, 1],

@@ -47,7 +47,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.runtime.jit import constexpr_function
 
-from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, store_head_tile, tile_layout
+from .gluon_common import (
+    LOG2E,
+    key_tiles,
+    load_head_tile,
+    mma_layout,
+    query_tile_program,
+    store_head_tile,
+    tile_layout,
+    window_key_runs,
+)
 from .gluon_dropout import keep_mask
 
 
@@ -59,17 +68,19 @@ def _rows_layout(num_warps, head_dim):
 
 
 @gluon.jit
-def _producer(descs, ring, n_tiles, b, h):
-    """Fill the ring: key tile t (counted down from the diagonal) into buffer t mod STAGES, once the consumer has
-    handed that buffer back."""
+def _producer(descs, ring, tiles, b, h):
+    """Fill the ring: the walk's tile t, key tile t_hi − 1 − t (counted down from the diagonal), into buffer
+    t mod STAGES, once the consumer has handed that buffer back, for the n_tiles key tiles below t_hi
+    (tiles = (n_tiles, t_hi))."""
     k_desc, v_desc = descs
     ready, empty, k_ring, v_ring = ring
+    n_tiles, t_hi = tiles
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     for tile in range(n_tiles):
         slot = tile % STAGES
         mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
-        start_n = (n_tiles - 1 - tile) * BLOCK_N
+        start_n = (t_hi - 1 - tile) * BLOCK_N
         bar = ready.index(slot)
         mbarrier.expect(bar, 2 * k_desc.block_type.nbytes)
         load_head_tile(k_desc, b, h, start_n, bar, k_ring.index(slot))
@@ -101,19 +112,21 @@ def _dq_step(
     tile,
     ring,
     rows,
-    n_tiles,
+    t_hi,
     scales,
     CAUSAL: gl.constexpr,
     MASKED: gl.constexpr,
     FIRST: gl.constexpr,
+    WINDOW: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """Key tile `tile`'s share of dQ, from its S and dP in flight (`_issue_products`); still in flight when it
-    returns. MASKED: the tile crosses the causal diagonal or the end of the keys. FIRST: the program's first tile,
-    whose product starts dQ. DROPOUT: with keep-mask Z and keep-scale c, dS = P ∘ (c·Z ∘ dP − δ); the mask is drawn
-    while S's and dP's products run."""
+    """The walk's tile `tile` (key tile t_hi − 1 − tile)'s share of dQ, from its S and dP in flight
+    (`_issue_products`); still in flight when it returns. MASKED: the tile crosses the causal diagonal, the end of
+    the keys or (WINDOW) the lower edge of a causal sliding window. FIRST: the program's first tile, whose product
+    starts dQ. DROPOUT: with keep-mask Z and keep-scale c, dS = P ∘ (c·Z ∘ dP − δ); the mask is drawn while S's and
+    dP's products run."""
     empty, k_ring = ring[1], ring[2]
-    start_m, offs_m, lse2, delta, shift, seq_len_k = rows
+    start_m, offs_m, lse2, delta, shift, seq_len_k, window_size = rows
     qk_scale, rng, dropout_scale = scales
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
@@ -121,7 +134,7 @@ def _dq_step(
     BLOCK_M: gl.constexpr = offs_m.shape[0]
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    start_n = (n_tiles - 1 - tile) * BLOCK_N
+    start_n = (t_hi - 1 - tile) * BLOCK_N
     if DROPOUT:
         keep = keep_mask(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     if FIRST:
@@ -136,6 +149,8 @@ def _dq_step(
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
         # Causal: n ≤ m + shift implies n < Tk for every row that is stored.
         seen = offs_n[None, :] <= (offs_m + shift)[:, None] if CAUSAL else (offs_n < seq_len_k)[None, :]
+        if WINDOW:
+            seen = seen & (offs_n[None, :] > (offs_m + shift - window_size)[:, None])
         p = gl.where(seen, p, 0.0)
     dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
     if DROPOUT:
@@ -173,19 +188,22 @@ def _consumer(
     qdo_ready,
     ring,
     stats,
-    n_tiles,
-    n_masked,
+    walk,
     outs,
     start_m,
     scales,
     CAUSAL: gl.constexpr,
     HAS_DLSE: gl.constexpr,
+    WINDOW: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """The walk over this query tile's key tiles (δ and LSE of its rows computed during the first), then dQ (times
-    the softmax scale)."""
+    """The walk over this query tile's key tiles, walked down from key tile t_hi − 1 in the runs of
+    walk = (n_top, n_full_end, n_tiles, t_hi): the first n_top tiles cross the diagonal, those up to n_full_end
+    are seen whole by every row and (WINDOW) the rest cross the window's lower edge; δ and LSE of its rows are
+    computed during the first tile. Then dQ (times the softmax scale)."""
     q_smem = qdo[0]
-    heads, row_ptrs, shift, seq_len_q, seq_len_k = stats
+    heads, row_ptrs, shift, seq_len_q, seq_len_k, window_size = stats
+    n_masked, n_full_end, n_tiles, t_hi = walk
     dq_desc, b, h, softmax_scale = outs
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
@@ -198,15 +216,23 @@ def _consumer(
     s, dp = _issue_products(0, qdo, ring)
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     lse2, delta = _row_stats(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM, HAS_DLSE)
-    rows = (start_m, offs_m, lse2, delta, shift, seq_len_k)
+    rows = (start_m, offs_m, lse2, delta, shift, seq_len_k, window_size)
     zeros = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
-    dq = _dq_step(zeros, s, dp, 0, ring, rows, n_tiles, scales, CAUSAL, True, True, DROPOUT)
+    dq = _dq_step(zeros, s, dp, 0, ring, rows, t_hi, scales, CAUSAL, True, True, WINDOW, DROPOUT)
     for tile in range(1, n_masked):
         s, dp = _issue_products(tile, qdo, ring)
-        dq = _dq_step(dq, s, dp, tile, ring, rows, n_tiles, scales, CAUSAL, True, False, DROPOUT)
-    for tile in range(gl.maximum(n_masked, 1), n_tiles):
-        s, dp = _issue_products(tile, qdo, ring)
-        dq = _dq_step(dq, s, dp, tile, ring, rows, n_tiles, scales, CAUSAL, False, False, DROPOUT)
+        dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DROPOUT)
+    if WINDOW:
+        for tile in range(gl.maximum(n_masked, 1), n_full_end):
+            s, dp = _issue_products(tile, qdo, ring)
+            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DROPOUT)
+        for tile in range(gl.maximum(n_full_end, 1), n_tiles):
+            s, dp = _issue_products(tile, qdo, ring)
+            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DROPOUT)
+    else:
+        for tile in range(gl.maximum(n_masked, 1), n_tiles):
+            s, dp = _issue_products(tile, qdo, ring)
+            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DROPOUT)
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
 
     # dQ leaves by one TMA store through Q's buffer, free now that every product that read it has retired; rows past
@@ -244,14 +270,17 @@ def flash_bwd_dq_hopper_kernel(
     offset_hi,
     dropout_threshold,
     dropout_scale,
+    window_size,
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
     """dQ (B, H, Tq, D) and δ (B·H·Tq fp32) of the query tile program_id(0) of head program_id(1), from Q, dO, O
     (B, H, Tq, D), K, V (B, H, Tk, D), the forward's LSE and, if not None, its gradient DLSE (B·H·Tq fp32 each).
     Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host, and dQ leaves
-    through one of Q's tiles (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ."""
+    through one of Q's tiles (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ. WINDOW
+    (with CAUSAL): each query sees only the window_size keys up to its own position."""
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -273,9 +302,14 @@ def flash_bwd_dq_hopper_kernel(
         mbarrier.init(ring[1].index(i), count=1)
     fence_async_shared()
 
-    # The top n_masked key tiles cross the diagonal or the end of the keys; the others are seen whole by every row.
-    n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
-    n_masked = n_tiles - n_full
+    # Key tiles [b, t_hi) cross the diagonal or the end of the keys, [a, b) are seen whole by every row, and (under
+    # a window) [t_lo, a) cross its lower edge.
+    if WINDOW:
+        t_lo, a, b_full, t_hi = window_key_runs(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, BLOCK_N)
+        walk = (t_hi - b_full, t_hi - a, t_hi - t_lo, t_hi)
+    else:
+        n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
+        walk = (n_tiles - n_full, n_tiles, n_tiles, n_tiles)
     shift = seq_len_k - seq_len_q
 
     mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes)
@@ -291,7 +325,7 @@ def flash_bwd_dq_hopper_kernel(
     )
     HAS_DLSE: gl.constexpr = DLSE is not None
     dlse_row = DLSE + row_start if HAS_DLSE else LSE + row_start  # LSE: a placeholder (a tuple cannot hold None)
-    stats = (heads, (LSE + row_start, dlse_row, Delta + row_start), shift, seq_len_q, seq_len_k)
+    stats = (heads, (LSE + row_start, dlse_row, Delta + row_start), shift, seq_len_q, seq_len_k, window_size)
     outs = (dq_desc, b, h, softmax_scale)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
     scales = (softmax_scale * LOG2E, rng, dropout_scale)
@@ -304,17 +338,17 @@ def flash_bwd_dq_hopper_kernel(
                     qdo_ready,
                     ring,
                     stats,
-                    n_tiles,
-                    n_masked,
+                    walk,
                     outs,
                     start_m,
                     scales,
                     CAUSAL,
                     HAS_DLSE,
+                    WINDOW,
                     DROPOUT,
                 ),
             ),
-            (_producer, ((k_desc, v_desc), ring, n_tiles, b, h)),
+            (_producer, ((k_desc, v_desc), ring, (walk[2], walk[3]), b, h)),
         ],
         [1],
         [24],

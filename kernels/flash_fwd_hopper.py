@@ -38,67 +38,85 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import LOG2E, key_tiles, load_head_tile, mma_layout, query_tile_program, store_head_tile, tile_layout
+from .gluon_common import (
+    LOG2E,
+    key_tiles,
+    load_head_tile,
+    mma_layout,
+    query_tile_program,
+    store_head_tile,
+    tile_layout,
+    window_key_runs,
+)
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 ROWS: gl.constexpr = gl.constexpr(64)  # query rows a math warpgroup owns
 
 
 @gluon.jit
-def _producer(descs, ring, n_tiles, b, h):
-    """Fill the ring: key tile t into buffer t mod STAGES, once every math warpgroup has handed that buffer back."""
+def _producer(descs, ring, tiles, b, h):
+    """Fill the ring: key tile t_lo + j into buffer j mod STAGES, once every math warpgroup has handed that buffer
+    back, for the tiles [t_lo, t_hi) = tiles."""
     k_desc, v_desc = descs
     k_ready, v_ready, empty, k_ring, v_ring = ring
+    t_lo, t_hi = tiles
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
-    for tile in range(n_tiles):
-        slot = tile % STAGES
-        mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
+    for j in range(t_hi - t_lo):
+        slot = j % STAGES
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
+        start_n = (t_lo + j) * BLOCK_N
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        load_head_tile(k_desc, b, h, tile * BLOCK_N, k_ready.index(slot), k_ring.index(slot))
+        load_head_tile(k_desc, b, h, start_n, k_ready.index(slot), k_ring.index(slot))
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        load_head_tile(v_desc, b, h, tile * BLOCK_N, v_ready.index(slot), v_ring.index(slot))
+        load_head_tile(v_desc, b, h, start_n, v_ready.index(slot), v_ring.index(slot))
 
 
 @gluon.jit
-def _issue_s(q_smem, ring, tile):
-    """Issue S = Q·Kᵀ of key tile `tile` once its K has landed."""
+def _issue_s(q_smem, ring, j):
+    """Issue S = Q·Kᵀ of the walk's j-th key tile once its K has landed."""
     k_ready, k_ring = ring[0], ring[3]
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_N)
-    slot = tile % STAGES
-    mbarrier.wait(k_ready.index(slot), (tile // STAGES) & 1)
+    slot = j % STAGES
+    mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
     zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     return warpgroup_mma(q_smem, k_ring.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
 
 
 @gluon.jit
-def _issue_pv(acc, p, ring, tile):
-    """Issue acc += p·V of key tile `tile` (p in registers) once its V has landed."""
+def _issue_pv(acc, p, ring, j):
+    """Issue acc += p·V of the walk's j-th key tile (p in registers) once its V has landed."""
     v_ready, v_ring = ring[1], ring[4]
     STAGES: gl.constexpr = v_ring.shape[0]
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
-    slot = tile % STAGES
-    mbarrier.wait(v_ready.index(slot), (tile // STAGES) & 1)
+    slot = j % STAGES
+    mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
     v_tile = v_ring.index(slot)
     return warpgroup_mma(gl.convert_layout(p.to(v_tile.dtype), p_layout), v_tile, acc, is_async=True)
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
-    """The online-softmax update of (m, l) with tile `tile`'s scores s; returns p (fp32), α, m', l'."""
-    offs_m, shift, seq_len_k = rows
+def _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, WINDOW: gl.constexpr):
+    """The online-softmax update of (m, l) with key tile `tile`'s scores s; returns p (fp32), α, m', l'. WINDOW:
+    a causal sliding window, under which a row may see no key of a masked tile, nor of any tile before it; its
+    max then stays −inf and exponents are taken from 0, so that its p and α are 0 rather than NaN."""
+    offs_m, shift, seq_len_k, window_size = rows
     BLOCK_N: gl.constexpr = s.shape[1]
     if MASKED:
         offs_n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
         if CAUSAL:  # n ≤ m + shift implies n < Tk for every row that is stored
-            s = gl.where(offs_n[None, :] <= (offs_m + shift)[:, None], s, float("-inf"))
+            seen = offs_n[None, :] <= (offs_m + shift)[:, None]
+            if WINDOW:
+                seen = seen & (offs_n[None, :] > (offs_m + shift - window_size)[:, None])
+            s = gl.where(seen, s, float("-inf"))
         else:
             s = gl.where((offs_n < seq_len_k)[None, :], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
+    m_from = gl.where(m_new == float("-inf"), 0.0, m_new) if WINDOW and MASKED else m_new
+    p = gl.exp2(s * qk_scale - m_from[:, None])
+    alpha = gl.exp2(m_i - m_from)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
 
@@ -109,39 +127,50 @@ def _rescale(acc, alpha):
 
 
 @gluon.jit
-def _step(state, q_smem, ring, tile, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr):
-    """One key tile: S and the previous p·v retire together, then p·v of this tile is issued and left in
-    flight."""
+def _step(
+    state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, WINDOW: gl.constexpr
+):
+    """One key tile (the walk's (tile − t_lo)-th): S and the previous p·v retire together, then p·v of this tile
+    is issued and left in flight."""
     acc, m_i, l_i = state
     empty = ring[2]
     STAGES: gl.constexpr = empty.shape[0]
-    s = _issue_s(q_smem, ring, tile)
+    j = tile - t_lo
+    s = _issue_s(q_smem, ring, j)
     s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-    mbarrier.arrive(empty.index((tile - 1) % STAGES), count=1)  # the previous tile's K and V are read
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL, MASKED)
-    acc = _issue_pv(_rescale(acc, alpha), p, ring, tile)
+    mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)  # the previous tile's K and V are read
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL, MASKED, WINDOW)
+    acc = _issue_pv(_rescale(acc, alpha), p, ring, j)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL: gl.constexpr):
-    """Key tiles 1 … n_tiles − 1, from the first tile's p·v in flight; returns (acc, m, l) with the last p·v
-    landed."""
-    n_tiles, n_full = tiles
-    for tile in range(1, n_full):
-        state = _step(state, q_smem, ring, tile, rows, qk_scale, CAUSAL, False)
-    for tile in range(gl.maximum(n_full, 1), n_tiles):
-        state = _step(state, q_smem, ring, tile, rows, qk_scale, CAUSAL, True)
+def _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    """Key tiles t_lo + 1 … t_hi − 1 of the runs tiles = (t_lo, a, b, t_hi) (masked, mask-free, masked; without a
+    window t_lo = a = 0), from the first tile's p·v in flight; returns (acc, m, l) with the last p·v landed."""
+    t_lo, a, b, t_hi = tiles
+    if WINDOW:
+        for tile in range(t_lo + 1, a):
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, True)
+        for tile in range(gl.maximum(a, t_lo + 1), b):
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, False, True)
+        for tile in range(gl.maximum(b, t_lo + 1), t_hi):
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, True)
+    else:
+        for tile in range(1, b):
+            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, False, False)
+        for tile in range(gl.maximum(b, 1), t_hi):
+            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, True, False)
     acc, m_i, l_i = state
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,)), m_i, l_i
 
 
 @gluon.jit
-def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr):
+def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
     """One math warpgroup's 64 rows: the walk over the key tiles, then O and LSE."""
     q_ready, ring, tiles, outs, qk_scale = shared
-    n_tiles = tiles[0]
-    row0, shift, seq_len_k = rows
+    t_lo, t_hi = tiles[0], tiles[3]
+    row0, shift, seq_len_k, window_size = rows
     o_desc, b, h, lse_ptrs, seq_len_q = outs
     empty, v_ring = ring[2], ring[4]
     STAGES: gl.constexpr = v_ring.shape[0]
@@ -150,19 +179,20 @@ def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_N)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    rows = (offs_m, shift, seq_len_k)
+    rows = (offs_m, shift, seq_len_k, window_size)
     mbarrier.wait(q_ready, 0)
 
-    # The first tile, peeled: key 0 is seen by every row, so m is finite from here on.
+    # The first tile, peeled and masked. Without a window it holds key 0, seen by every row, so m is finite from
+    # here on; with one, `_softmax` keeps rows that have seen nothing yet at zero.
     s = _issue_s(q_smem, ring, 0)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-    p, _, m_i, l_i = _softmax(s, m_i, l_i, 0, rows, qk_scale, CAUSAL, True)
+    p, _, m_i, l_i = _softmax(s, m_i, l_i, t_lo, rows, qk_scale, CAUSAL, True, WINDOW)
     zeros = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     state = (_issue_pv(zeros, p, ring, 0), m_i, l_i)
-    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL)
-    mbarrier.arrive(empty.index((n_tiles - 1) % STAGES), count=1)
+    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL, WINDOW)
+    mbarrier.arrive(empty.index((t_hi - t_lo - 1) % STAGES), count=1)
 
     # O leaves through Q's buffer, free now that every product that read it has retired, by one TMA store: whole
     # 128-byte lines, and rows past Tq clipped by the descriptor.
@@ -185,13 +215,16 @@ def flash_fwd_hopper_kernel(
     seq_len_q,
     seq_len_k,
     softmax_scale,
+    window_size,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
 ):
     """O (B, H, Tq, D) and LSE (B·H·Tq fp32) of the query tile program_id(0) (64 · CONSUMERS rows) of head
     program_id(1), from tensor descriptors of Q (B, H, Tq, D) in tiles of (1, 1, 64, D) and K, V (B, H, Tk, D) in
-    tiles of (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`)."""
+    tiles of (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`). WINDOW (with CAUSAL): each
+    query sees only the window_size keys up to its own position."""
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = ROWS * CONSUMERS
@@ -216,7 +249,11 @@ def flash_fwd_hopper_kernel(
         mbarrier.init(ring[2].index(i), count=CONSUMERS)  # every math warpgroup hands the buffer back
     fence_async_shared()
 
-    n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
+    if WINDOW:
+        tiles = window_key_runs(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, BLOCK_N)
+    else:
+        n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
+        tiles = (0, 0, n_full, n_tiles)
     shift = seq_len_k - seq_len_q
     mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
@@ -224,20 +261,25 @@ def flash_fwd_hopper_kernel(
 
     lse_ptrs = LSE + bh.to(gl.int64) * seq_len_q
     outs = (o_desc, b, h, lse_ptrs, seq_len_q)
-    tiles = (n_tiles, n_full)
     qk_scale = softmax_scale * LOG2E
-    rows = ((start_m, shift, seq_len_k), (start_m + ROWS, shift, seq_len_k), (start_m + 2 * ROWS, shift, seq_len_k))
+    rows = (
+        (start_m, shift, seq_len_k, window_size),
+        (start_m + ROWS, shift, seq_len_k, window_size),
+        (start_m + 2 * ROWS, shift, seq_len_k, window_size),
+    )
     shared = (q_ready, ring, tiles, outs, qk_scale)
-    producer = ((k_desc, v_desc), ring, n_tiles, b, h)
+    producer = ((k_desc, v_desc), ring, (tiles[0], tiles[3]), b, h)
     # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
     # run-time values, and their branches into run-time branches.
     if CONSUMERS == 1:
-        gl.warp_specialize([(_consumer, (q_smem.index(0), shared, rows[0], CAUSAL)), (_producer, producer)], [1], [24])
+        gl.warp_specialize(
+            [(_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW)), (_producer, producer)], [1], [24]
+        )
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL)),
-                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL)),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW)),
                 (_producer, producer),
             ],
             [4, 1],
@@ -246,9 +288,9 @@ def flash_fwd_hopper_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL)),
-                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL)),
-                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL)),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW)),
+                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL, WINDOW)),
                 (_producer, producer),
             ],
             [4, 4, 1],

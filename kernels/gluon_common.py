@@ -86,6 +86,22 @@ def key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.
     return n_tiles, n_full
 
 
+@gluon.jit
+def window_key_runs(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Under a causal sliding window (query row i, at position p = i + Tk − Tq, sees keys p − W < j ≤ p), the key
+    tiles of query rows [start_m, start_m + BLOCK_M) as runs of tile indices (t_lo, a, b, t_hi): [t_lo, a) cross
+    the window's lower edge, [a, b) are seen whole by every row, [b, t_hi) cross the diagonal (`key_range` and
+    `split_tiles` in `tile_ranges.py`, for these two masks)."""
+    shift = seq_len_k - seq_len_q
+    first = shift + start_m  # the positions of the tile's first and last in-bounds rows
+    last = shift + gl.minimum(start_m + BLOCK_M, seq_len_q) - 1
+    t_lo = gl.maximum(first - window_size + 1, 0) // BLOCK_N
+    t_hi = gl.cdiv(last + 1, BLOCK_N)
+    a = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(last - window_size + 1, 0), BLOCK_N), t_lo), t_hi)
+    b = gl.maximum(gl.minimum((first + 1) // BLOCK_N, t_hi), a)
+    return t_lo, a, b, t_hi
+
+
 @functools.cache
 def _descriptor_layout(dtype: torch.dtype, rows: int, head_dim: int) -> gl.NVMMASharedLayout:
     element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]

@@ -390,17 +390,26 @@ def launch_dkdv(
     )  # fmt: skip
 
 
+def _gluon_masks(kernel_pass: str, masks: FlashMask, causal: bool) -> bool:
+    """Whether the Gluon pass `kernel_pass` takes these masks: none, or a causal sliding window alone."""
+    if not masks.any:
+        return True
+    window_only = masks.document_ids is None and masks.block_mask is None
+    return window_only and causal and kernel_pass != "bwd_fused_hopper"
+
+
 def hopper_launch_config(
     kernel_pass: str, q, k, v, o, do, params: AttentionParams, masks: FlashMask
 ) -> LaunchConfig | None:
     """The configuration of the Gluon pass `kernel_pass` ("fwd_hopper": `flash_fwd_hopper.py`, "bwd_dq_hopper":
     `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`, "bwd_fused_hopper":
     `flash_bwd_fused_hopper.py`) where the call should take it instead of the Triton pass: on Hopper, outside the
-    interpreter, dense (with dropout: the backward passes, which draw the mask themselves), bf16 or fp16 (both
-    checked on the GPU), tensors that descriptors fit (o: the forward's output or the backward's input; do: the
-    backward's, None for the forward), a shape the table measured it faster for, and the tested Triton. Else None."""
+    interpreter, dense or under a causal sliding window (the fused pass: dense only), with dropout the backward
+    passes (which draw the mask themselves), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit
+    (o: the forward's output or the backward's input; do: the backward's, None for the forward), a shape the table
+    measured it faster for (dense: a window takes the dense configuration), and the tested Triton. Else None."""
     # The kernel is looked up by name, so that a test can take one away as another Triton release would.
-    if globals()[f"flash_{kernel_pass}_kernel"] is None or masks.any:
+    if globals()[f"flash_{kernel_pass}_kernel"] is None or not _gluon_masks(kernel_pass, masks, params.causal):
         return None
     if q.dtype not in (torch.bfloat16, torch.float16):
         return None
@@ -410,23 +419,28 @@ def hopper_launch_config(
     return cfg if _descriptors_fit(*(t for t in (q, k, v, o, do) if t is not None)) else None
 
 
-def launch_forward_hopper(q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig) -> Launch:
+def launch_forward_hopper(
+    q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, window_size: int | None = None
+) -> Launch:
     """o (B, H, Tq, D) and lse (B, H, Tq) through the Gluon forward, at cfg (`hopper_launch_config`): a program of
     cfg.block_m // 64 math warpgroups of 64 query rows each, which store O by TMA: o must suit a tensor descriptor
-    (`hopper_launch_config` checks, given o)."""
+    (`hopper_launch_config` checks, given o). window_size: a causal sliding window's, or None."""
     batch, heads, seq_len_q, _ = q.shape
     return _launch(
         flash_fwd_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), head_descriptor(q, 64),
         head_descriptor(k, cfg.block_n), head_descriptor(v, cfg.block_n), head_descriptor(o, 64), lse, heads,
-        seq_len_q, k.shape[2], params.softmax_scale, STAGES=cfg.num_stages, CONSUMERS=cfg.block_m // 64,
-        CAUSAL=params.causal, num_warps=4, maxnreg=cfg.maxnreg,
+        seq_len_q, k.shape[2], params.softmax_scale, window_size or 0, STAGES=cfg.num_stages,
+        CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal, WINDOW=window_size is not None, num_warps=4,
+        maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
-def launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params: AttentionParams, cfg: LaunchConfig) -> Launch:
+def launch_dq_hopper(
+    q, k, v, do, o, lse, dlse, delta, dq, params: AttentionParams, cfg: LaunchConfig, window_size: int | None = None
+) -> Launch:
     """dq (B, H, Tq, D) through the Gluon pass, at cfg (`hopper_launch_config`), which also writes delta =
     rowsum(dO ∘ O) − dlse for the dK/dV pass, as `launch_dq` does given o. dq is stored by TMA: a tensor descriptor
-    must fit it, as it fits q when dq is q's `empty_like`."""
+    must fit it, as it fits q when dq is q's `empty_like`. window_size: a causal sliding window's, or None."""
     batch, heads, seq_len_q, _ = q.shape
     m, n = cfg.block_m, cfg.block_n
     strides = [s for t in (do, o) for s in t.stride()[:3]]  # every D stride is 1
@@ -434,16 +448,18 @@ def launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params: AttentionPara
         flash_bwd_dq_hopper_kernel, (_cdiv(seq_len_q, m), batch * heads), head_descriptor(q, m),
         head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), do, o, lse, dlse, delta,
         head_descriptor(dq, m), *strides, heads, seq_len_q, k.shape[2], params.softmax_scale, *params.scalars[1:],
-        STAGES=cfg.num_stages, CAUSAL=params.causal, DROPOUT=params.dropout, num_warps=cfg.num_warps,
-        maxnreg=cfg.maxnreg,
+        window_size or 0, STAGES=cfg.num_stages, CAUSAL=params.causal, WINDOW=window_size is not None,
+        DROPOUT=params.dropout, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
-def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig) -> Launch:
+def launch_dkdv_hopper(
+    q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig, window_size: int | None = None
+) -> Launch:
     """dk, dv (B, H, Tk, D) through the Gluon pass, at cfg (`hopper_launch_config`): a program of cfg.block_n // 64
     math warpgroups of 64 keys each; delta as the dQ pass leaves it; with dropout, the mask of params' seed and
     offset. dk and dv are stored by TMA: tensor descriptors must fit them, as they fit k and v when dk and dv are
-    their `empty_like`."""
+    their `empty_like`. window_size: a causal sliding window's, or None."""
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     m, n = cfg.block_m, cfg.block_n
@@ -451,8 +467,8 @@ def launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params: AttentionParams,
         flash_bwd_dkdv_hopper_kernel, (_cdiv(seq_len_k, n), batch * heads), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars[1:],
-        STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal, DROPOUT=params.dropout, num_warps=4,
-        maxnreg=cfg.maxnreg,
+        window_size or 0, STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal,
+        WINDOW=window_size is not None, DROPOUT=params.dropout, num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

@@ -112,16 +112,18 @@ def compile_passes(
         elif current in HOPPER_PASSES:
             hopper = hopper_config(current, head_dim, "bfloat16", True, dropout > 0, seq_len)
             drawn = not dropout or current in HOPPER_DROPOUT_PASSES
-            if (hopper is None and config is None) or not drawn or mask != "none":
+            windowed = mask == "window" and current != "bwd_fused_hopper"  # the masks the Gluon passes take
+            if (hopper is None and config is None) or not drawn or not (mask == "none" or windowed):
                 raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
+            window = masks.window_size if windowed else None
             if current == "fwd_hopper":
-                launch.launch_forward_hopper(q, k, v, o, lse, params, config or hopper)
+                launch.launch_forward_hopper(q, k, v, o, lse, params, config or hopper, window)
             elif current == "bwd_dq_hopper":
-                launch.launch_dq_hopper(q, k, v, do, o, lse, None, delta, dq, params, config or hopper)
+                launch.launch_dq_hopper(q, k, v, do, o, lse, None, delta, dq, params, config or hopper, window)
             elif current == "bwd_fused_hopper":
                 launch.launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, config or hopper)
             else:
-                launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, config or hopper)
+                launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, config or hopper, window)
         elif current == "bwd_dkdv":
             launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)
         else:

@@ -177,13 +177,14 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
 
 
 @pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
-def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypatch, kernel_pass):
+def test_a_call_takes_a_gluon_pass_only_when_dense_or_windowed_and_descriptors_fit(monkeypatch, kernel_pass):
     """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
     the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
-    causal bf16 or fp16 call at 16K, with dropout only for a pass that draws its mask; None with a mask, fp32, a T
-    the table does not list, or tensors a tensor descriptor cannot address (O included: the forward stores it, the
-    backward reads it); None on other GPUs, in the interpreter, and with a Triton release other than the tested one
-    (which imports no Gluon kernel)."""
+    causal bf16 or fp16 call at 16K, with dropout only for a pass that draws its mask, and under a causal sliding
+    window for every pass but the fused backward; None with document ids or a block mask, a window without causal,
+    fp32, a T the table does not list, or tensors a tensor descriptor cannot address (O included: the forward
+    stores it, the backward reads it); None on other GPUs, in the interpreter, and with a Triton release other
+    than the tested one (which imports no Gluon kernel)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -194,14 +195,20 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypat
     gpt2_dropout = _GPT2_DROPOUT.get(kernel_pass, 0.0)
 
     def decide(
-        seq_len=16384, dtype=torch.bfloat16, dropout=gpt2_dropout, masks=launch.NO_MASKS, layout=None, o_layout=None
+        seq_len=16384,
+        dtype=torch.bfloat16,
+        dropout=gpt2_dropout,
+        masks=launch.NO_MASKS,
+        layout=None,
+        o_layout=None,
+        causal=True,
     ):
         q, k, v, o, do = (torch.zeros(1, 2, seq_len, 64, dtype=dtype) for _ in range(5))
         if layout is not None:
             q = layout(q)
         if o_layout is not None:
             o = o_layout(o)
-        params = launch.AttentionParams(True, dropout, 0.125)
+        params = launch.AttentionParams(causal, dropout, 0.125)
         if kernel_pass == "fwd_hopper":
             do = None
         return launch.hopper_launch_config(kernel_pass, q, k, v, o, do, params, masks)
@@ -215,8 +222,12 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_and_descriptors_fit(monkeypat
         assert [decide(seq_len=seq_len, dropout=dropout) for seq_len in SEQ_LEN_BUCKETS] == listed
         if dropout:
             assert any(cfg is not None for cfg in listed) == (kernel_pass in HOPPER_DROPOUT_PASSES)
-    assert decide(masks=replace(launch.NO_MASKS, window_size=256)) is None
-    assert decide(dropout=0.1, masks=replace(launch.NO_MASKS, window_size=256)) is None
+    window = replace(launch.NO_MASKS, window_size=256)
+    assert decide(masks=window) == (None if kernel_pass == "bwd_fused_hopper" else expected)
+    assert decide(masks=window, causal=False) is None
+    documents = replace(launch.NO_MASKS, document_ids=torch.zeros(1, 16384, dtype=torch.int32))
+    assert decide(masks=documents) is None
+    assert decide(masks=replace(documents, window_size=256)) is None
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
     transposed = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
     assert decide(layout=transposed) is None
