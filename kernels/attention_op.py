@@ -408,7 +408,7 @@ def _forward_launches(
 
     def launch() -> list:
         if (hopper := hopper_launch_config("fwd_hopper", q, k, v, o, None, params, masks)) is not None:
-            return [launch_forward_hopper(q, k, v, o, lse, params, hopper, masks.window_size)]
+            return [launch_forward_hopper(q, k, v, o, lse, params, hopper, masks)]
         return [launch_forward(q, k, v, o, lse, params, tuned_config("fwd", q, params, **_fit(k, masks)), masks)]
 
     launch_plans.launch_or_replay(masks, ("fwd", call), (q, k, v, o, lse, *params.scalars[1:4]), launch)
@@ -480,12 +480,17 @@ _BACKWARD_SCHEDULES: dict[tuple, tuple[LaunchConfig | None, bool]] = {}
 def _backward_schedule(q, k, v, o, do, params: AttentionParams, masks: FlashMask, deterministic: bool) -> tuple:
     """(the Gluon fused pass's configuration or None, whether the backward is the fused one). The fused backward
     sums dQ in an order that varies between runs: only where determinism is not asked for. Its Gluon pass, where
-    the table lists it for the shape, comes before the Triton one."""
+    the table lists it for the shape, comes before the Triton one. Without dropout, masks that the Gluon split
+    passes take (a window, documents) take the split backward: with documents at 16K and 64K, fwd+bwd through the
+    Gluon passes ran 1.14x and 1.15x the Triton forward and fused backward; with dropout the split backward lost to
+    the fused one there by up to 5% (`results/tuning/h200-2026-11-27-gluon-documents/`)."""
     if deterministic:
         return None, False
     fused_hopper = hopper_launch_config("bwd_fused_hopper", q, k, v, o, do, params, masks)
     if fused_hopper is not None:
         return fused_hopper, True
+    if masks.any and not params.dropout and hopper_launch_config("bwd_dkdv_hopper", q, k, v, o, do, params, masks):
+        return None, False  # the Gluon passes take these masks: the split backward
     documents = masks.document_ids is not None
     split_or_fused = backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],
                                            documents)  # fmt: skip
@@ -538,11 +543,11 @@ def _backward_launches(
         # The dQ kernel runs first: it also computes δ' = rowsum(dO ∘ O) − dlse (dS = P ∘ (dP − δ) + dlse·P) for
         # its rows and stores it for the dK/dV kernel, so no separate δ launch.
         if (hopper := hopper_launch_config("bwd_dq_hopper", q, k, v, o, do, params, masks)) is not None:
-            dq_launch = launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params, hopper, masks.window_size)
+            dq_launch = launch_dq_hopper(q, k, v, do, o, lse, dlse, delta, dq, params, hopper, masks)
         else:
             dq_launch = launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o, dlse=dlse)
         if (hopper := hopper_launch_config("bwd_dkdv_hopper", q, k, v, o, do, params, masks)) is not None:
-            dkdv_launch = launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, hopper, masks.window_size)
+            dkdv_launch = launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, hopper, masks)
             return [dq_launch, dkdv_launch]
         return [dq_launch, launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)]
 

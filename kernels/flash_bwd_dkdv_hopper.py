@@ -67,7 +67,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import LOG2E, load_head_tile, mma_layout, store_head_tile, tile_layout
+from .gluon_common import LOG2E, load_head_tile, load_range, mma_layout, store_head_tile, tile_layout
 from .gluon_dropout import keep_mask_t
 
 
@@ -136,15 +136,16 @@ def _dkdv_step(
     LATE_DP: gl.constexpr,
     DROPOUT: gl.constexpr,
     WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
 ):
     """One query tile's share of (dK, dV), both still in flight when it returns. MASKED: the tile crosses the
-    causal diagonal or (WINDOW) the upper edge of a causal sliding window. FIRST: the warpgroup's first tile, whose
-    products start dK and dV. LATE_DP: dPᵀ is issued after dV's product rather than with Sᵀ, so that Sᵀ and dPᵀ are
-    never in flight together (the second schedule in the module docstring). DROPOUT: with keep-mask Z and
-    keep-scale c, dV += (Z ∘ Pᵀ)·dO (c applied once, at the end) and dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ); the mask is drawn
-    while Sᵀ's product runs."""
-    start_n, offs_n = keys
-    shift, qk_scale, rng, dropout_scale, seq_len_k, window_size = consts
+    causal diagonal, (WINDOW) the upper edge of a causal sliding window or (DOCS) a document's edge. FIRST: the
+    warpgroup's first tile, whose products start dK and dV. LATE_DP: dPᵀ is issued after dV's product rather than
+    with Sᵀ, so that Sᵀ and dPᵀ are never in flight together (the second schedule in the module docstring).
+    DROPOUT: with keep-mask Z and keep-scale c, dV += (Z ∘ Pᵀ)·dO (c applied once, at the end) and
+    dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ); the mask is drawn while Sᵀ's product runs."""
+    start_n, offs_n, key_ids = keys
+    shift, qk_scale, rng, dropout_scale, seq_len_k, window_size, docs, _ = consts
     k_op, v_op = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     STAGES: gl.constexpr = q_ring.shape[0]
@@ -189,6 +190,9 @@ def _dkdv_step(
         seen = (offs_m + shift)[None, :] >= offs_n[:, None]
         if WINDOW:
             seen = seen & ((offs_m + shift)[None, :] < offs_n[:, None] + window_size)
+        if DOCS:
+            query_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1))
+            seen = seen & (query_ids[None, :] == key_ids[:, None])
         pT = gl.where(seen, pT, 0.0)
     pdT = gl.where(keep, pT, 0.0) if DROPOUT else pT
     dv = warpgroup_mma(gl.convert_layout(pdT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
@@ -206,10 +210,12 @@ def _dkdv_step(
 
 
 @gluon.jit
-def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr, WINDOW: gl.constexpr):
+def _consumer(
+    kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr
+):
     """One warpgroup's 64 keys: walk the query tiles that see them, then write their dK (times the softmax scale)
-    and dV (times the dropout keep-scale). WINDOW: a causal sliding window, whose upper edge ends the walk early;
-    the program's later tiles are handed back unread."""
+    and dV (times the dropout keep-scale). Under a causal sliding window (WINDOW) or documents (DOCS) the walk takes
+    the runs of `query_runs`, and hands the program's later tiles back unread."""
     kv_ready, ring, tiles, outs, consts = shared
     k_smem, v_smem = kv
     lo, n_tiles, _ = tiles
@@ -219,27 +225,32 @@ def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr, 
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    mine, masked_end = skip_unseen_tiles(start_n, tiles, consts[0], ring, BLOCK_N, CAUSAL)
+    if WINDOW or DOCS:
+        mine, masked_end, full_end, seen_end = query_runs(start_n, tiles, consts, BLOCK_M, BLOCK_N, WINDOW, DOCS)
+        hand_back(ring, 0, mine)
+    else:
+        mine, masked_end = skip_unseen_tiles(start_n, tiles, consts[0], ring, BLOCK_N, CAUSAL)
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     if HEAD_DIM <= 64:  # K as Sᵀ's left operand from registers: the product then reads only Qᵀ from shared memory
         kv = (k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)), v_smem)
     LATE_DP: gl.constexpr = HEAD_DIM > 64  # dK and dV take 128 registers a thread: Sᵀ and dPᵀ take turns
-    keys = (start_n, offs_n)
-    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, keys, consts, CAUSAL, True, LATE_DP, DROPOUT, WINDOW)
+    key_ids = gl.load(consts[6] + gl.minimum(offs_n, consts[4] - 1)) if DOCS else offs_n  # the keys' documents
+    keys = (start_n, offs_n, key_ids)
+    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, keys, consts, CAUSAL, True, LATE_DP, DROPOUT, WINDOW, DOCS)
     for tile in range(mine + 1, masked_end):
-        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW)
-    if WINDOW:
-        full_end, seen_end = window_query_ends(start_n, tiles, consts, BLOCK_M, BLOCK_N, masked_end)
+        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW, DOCS)
+    if WINDOW or DOCS:
         for tile in range(masked_end, full_end):
-            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW)
+            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW, DOCS)
         for tile in range(full_end, seen_end):
-            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW)
+            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW, DOCS)
         dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-        hand_back_unread(ring, seen_end - 1, n_tiles)
+        mbarrier.arrive(ring[1].index((seen_end - 1) % ring[2].shape[0]), count=1)  # the last tile read
+        hand_back(ring, seen_end, n_tiles)
     else:
         for tile in range(masked_end, n_tiles):
-            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW)
+            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW, DOCS)
         dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
     if DROPOUT:
         dv = dv * consts[3]
@@ -269,27 +280,44 @@ def skip_unseen_tiles(start_n, tiles, shift, ring, BLOCK_N: gl.constexpr, CAUSAL
 
 
 @gluon.jit
-def window_query_ends(start_n, tiles, consts, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, masked_end):
-    """(full_end, seen_end) of the warpgroup whose BLOCK_N keys start at start_n, under a causal sliding window of
-    consts' window_size (query i sees key j if j ≤ i + shift < j + W): from `skip_unseen_tiles`' masked_end on,
-    the program's query tiles (counted from lo) below full_end lie wholly under the window of every one of these
-    keys, and those from full_end to seen_end cross the window's upper edge; none after sees any of them."""
-    lo, n_tiles, _ = tiles
-    shift, window_size = consts[0], consts[5]
-    full_end = gl.maximum(start_n - shift + window_size - lo, 0) // BLOCK_M
-    seen_end = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift + window_size - lo, 0), BLOCK_M)
-    seen_end = gl.minimum(gl.maximum(seen_end, masked_end), n_tiles)
-    return gl.minimum(gl.maximum(full_end, masked_end), seen_end), seen_end
+def query_runs(start_n, tiles, consts, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr,
+               DOCS: gl.constexpr):  # fmt: skip
+    """The walk of the warpgroup whose BLOCK_N keys start at start_n, causal, under a sliding window (query i sees
+    key j if j ≤ i + shift < j + W) and/or documents (consts' doc_range: the program's query ranges, `load_range`),
+    over the program's query tiles tiles = (lo, n_tiles, hi), counted from lo: (mine, a, b, seen_end), tiles
+    [mine, a) masked, [a, b) seen whole by every key, [b, seen_end) masked; none before mine or from seen_end on
+    sees any of the keys. Keys past Tk (a ragged last tile) keep the last query tile, masked, so that the walk's
+    peeled first step always has one (`tile_ranges.query_range`, `intersect_ranges`)."""
+    lo, n_tiles, hi = tiles
+    shift = consts[0]
+    last_key = start_n + BLOCK_N - 1
+    seen_lo = gl.maximum(start_n - shift, 0)
+    full_lo = gl.maximum(last_key - shift, 0)
+    seen_hi = hi
+    full_hi = hi
+    if WINDOW:
+        window_size = consts[5]
+        seen_hi = gl.minimum(seen_hi, last_key - shift + window_size)
+        full_hi = gl.minimum(full_hi, start_n - shift + window_size)
+    if DOCS:
+        doc_lo, doc_hi, doc_full_lo, doc_full_hi = consts[7]
+        seen_lo = gl.maximum(seen_lo, doc_lo)
+        seen_hi = gl.minimum(seen_hi, doc_hi)
+        full_lo = gl.maximum(full_lo, doc_full_lo)
+        full_hi = gl.minimum(full_hi, doc_full_hi)
+    mine = gl.minimum(gl.maximum(seen_lo - lo, 0) // BLOCK_M, n_tiles - 1)
+    seen_end = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(seen_hi - lo, 0), BLOCK_M), mine + 1), n_tiles)
+    a = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(full_lo - lo, 0), BLOCK_M), mine + 1), seen_end)
+    b = gl.minimum(gl.maximum(gl.maximum(full_hi - lo, 0) // BLOCK_M, a), seen_end)
+    return mine, a, b, seen_end
 
 
 @gluon.jit
-def hand_back_unread(ring, last_read, n_tiles):
-    """Hand back buffer `last_read`, whose products have retired, and the tiles after it up to n_tiles, unread
-    (each once it has landed, so that its arrival counts for that fill), for the other warpgroups of the program
-    and the producer that refills them."""
+def hand_back(ring, start, end):
+    """Hand back the program's query tiles [start, end) unread, each once it has landed (so that its arrival counts
+    for that fill), for the other warpgroups of the program and the producer that refills them."""
     STAGES: gl.constexpr = ring[2].shape[0]
-    mbarrier.arrive(ring[1].index(last_read % STAGES), count=1)
-    for tile in range(last_read + 1, n_tiles):
+    for tile in range(start, end):
         mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
         mbarrier.arrive(ring[1].index(tile % STAGES), count=1)
 
@@ -329,6 +357,10 @@ def flash_bwd_dkdv_hopper_kernel(
     dropout_threshold,
     dropout_scale,
     window_size,
+    DocIds,
+    stride_doc,
+    DocRanges,
+    stride_ranges,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
@@ -339,8 +371,10 @@ def flash_bwd_dkdv_hopper_kernel(
     (B, H, Tq, D), K and V (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the
     dQ pass leaves them). Q and dO arrive as descriptors in tiles of (1, 1, BLOCK_M, D), K and V in tiles of
     (1, 1, 64, D), and dK and dV leave through descriptors of K's tiles, all made on the host
-    (`launch.launch_dkdv_hopper`). WINDOW (with CAUSAL): each query sees only the window_size keys up to its own
-    position."""
+    (`launch.launch_dkdv_hopper`). With CAUSAL, two more masks (as in `flash_fwd_hopper.py`): WINDOW, a sliding
+    window of window_size keys, and DocIds with its schedule DocRanges (for this tiling: per key tile, the query
+    ranges), documents."""
+    DOCS: gl.constexpr = DocIds is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -364,10 +398,24 @@ def flash_bwd_dkdv_hopper_kernel(
     # Query tiles [lo, hi) see some key of this program (causal: shift = Tk − Tq aligns them to the bottom right).
     shift = seq_len_k - seq_len_q
     hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
-    lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
-    if WINDOW:  # queries from start_n + BLOCK_N − 1 − shift + W on see none of the keys; the walk keeps one tile
-        seen_hi = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift + window_size, 0), BLOCK_M) * BLOCK_M
-        hi = gl.maximum(gl.minimum(hi, seen_hi), lo + BLOCK_M)
+    if DOCS:
+        docs = DocIds + b.to(gl.int64) * stride_doc
+        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + gl.program_id(0) * 4)
+    else:
+        docs = 0
+        doc_range = 0
+    if WINDOW or DOCS:  # the walk keeps at least one tile
+        seen_lo = gl.maximum(start_n - shift, 0)
+        seen_hi = hi
+        if WINDOW:  # queries from start_n + BLOCK_N − 1 − shift + W on see none of the keys
+            seen_hi = gl.minimum(seen_hi, start_n + BLOCK_N - 1 - shift + window_size)
+        if DOCS:
+            seen_lo = gl.maximum(seen_lo, doc_range[0])
+            seen_hi = gl.minimum(seen_hi, doc_range[1])
+        lo = gl.minimum(seen_lo // BLOCK_M * BLOCK_M, hi - BLOCK_M)
+        hi = gl.maximum(gl.cdiv(gl.maximum(seen_hi, 0), BLOCK_M) * BLOCK_M, lo + BLOCK_M)
+    else:
+        lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
     n_tiles = (hi - lo) // BLOCK_M
 
     mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
@@ -380,7 +428,7 @@ def flash_bwd_dkdv_hopper_kernel(
     outs = (dk_desc, dv_desc, b, h, softmax_scale)
     qk_scale = softmax_scale * LOG2E
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
-    consts = (shift, qk_scale, rng, dropout_scale, seq_len_k, window_size)
+    consts = (shift, qk_scale, rng, dropout_scale, seq_len_k, window_size, docs, doc_range)
     # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
     # run-time values, and their branches into run-time branches.
     shared = (kv_ready, ring, (lo, n_tiles, hi), outs, consts)
@@ -388,7 +436,7 @@ def flash_bwd_dkdv_hopper_kernel(
     if CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS)),
                 (_producer, producer),
             ],
             [1],
@@ -397,8 +445,11 @@ def flash_bwd_dkdv_hopper_kernel(
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW)),
-                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS)),
+                (
+                    _consumer,
+                    ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS),
+                ),
                 (_producer, producer),
             ],
             [4, 1],
@@ -407,9 +458,15 @@ def flash_bwd_dkdv_hopper_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW)),
-                (_consumer, ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW)),
-                (_consumer, ((k_smem.index(2), v_smem.index(2)), shared, start_n + 2 * KEYS, CAUSAL, DROPOUT, WINDOW)),
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS)),
+                (
+                    _consumer,
+                    ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS),
+                ),
+                (
+                    _consumer,
+                    ((k_smem.index(2), v_smem.index(2)), shared, start_n + 2 * KEYS, CAUSAL, DROPOUT, WINDOW, DOCS),
+                ),
                 (_producer, producer),
             ],
             [4, 4, 1],

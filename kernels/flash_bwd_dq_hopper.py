@@ -51,11 +51,12 @@ from .gluon_common import (
     LOG2E,
     key_tiles,
     load_head_tile,
+    load_range,
+    masked_key_runs,
     mma_layout,
     query_tile_program,
     store_head_tile,
     tile_layout,
-    window_key_runs,
 )
 from .gluon_dropout import keep_mask
 
@@ -118,15 +119,16 @@ def _dq_step(
     MASKED: gl.constexpr,
     FIRST: gl.constexpr,
     WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
     """The walk's tile `tile` (key tile t_hi − 1 − tile)'s share of dQ, from its S and dP in flight
     (`_issue_products`); still in flight when it returns. MASKED: the tile crosses the causal diagonal, the end of
-    the keys or (WINDOW) the lower edge of a causal sliding window. FIRST: the program's first tile, whose product
-    starts dQ. DROPOUT: with keep-mask Z and keep-scale c, dS = P ∘ (c·Z ∘ dP − δ); the mask is drawn while S's and
-    dP's products run."""
+    the keys, (WINDOW) the lower edge of a causal sliding window or (DOCS) a document's edge. FIRST: the program's
+    first tile, whose product starts dQ. DROPOUT: with keep-mask Z and keep-scale c, dS = P ∘ (c·Z ∘ dP − δ); the
+    mask is drawn while S's and dP's products run."""
     empty, k_ring = ring[1], ring[2]
-    start_m, offs_m, lse2, delta, shift, seq_len_k, window_size = rows
+    start_m, offs_m, lse2, delta, shift, seq_len_k, window_size, docs, row_ids = rows
     qk_scale, rng, dropout_scale = scales
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
@@ -151,6 +153,9 @@ def _dq_step(
         seen = offs_n[None, :] <= (offs_m + shift)[:, None] if CAUSAL else (offs_n < seq_len_k)[None, :]
         if WINDOW:
             seen = seen & (offs_n[None, :] > (offs_m + shift - window_size)[:, None])
+        if DOCS:
+            col_ids = gl.load(docs + offs_n, mask=offs_n < seq_len_k, other=0)
+            seen = seen & (col_ids[None, :] == row_ids[:, None])
         p = gl.where(seen, p, 0.0)
     dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
     if DROPOUT:
@@ -195,14 +200,16 @@ def _consumer(
     CAUSAL: gl.constexpr,
     HAS_DLSE: gl.constexpr,
     WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
     """The walk over this query tile's key tiles, walked down from key tile t_hi − 1 in the runs of
-    walk = (n_top, n_full_end, n_tiles, t_hi): the first n_top tiles cross the diagonal, those up to n_full_end
-    are seen whole by every row and (WINDOW) the rest cross the window's lower edge; δ and LSE of its rows are
-    computed during the first tile. Then dQ (times the softmax scale)."""
+    walk = (n_top, n_full_end, n_tiles, t_hi): the first n_top tiles cross the diagonal (or a document's end),
+    those up to n_full_end are seen whole by every row and (WINDOW, DOCS) the rest cross the window's lower edge or
+    a document's start; δ and LSE of its rows are computed during the first tile. Then dQ (times the softmax
+    scale)."""
     q_smem = qdo[0]
-    heads, row_ptrs, shift, seq_len_q, seq_len_k, window_size = stats
+    heads, row_ptrs, shift, seq_len_q, seq_len_k, window_size, docs = stats
     n_masked, n_full_end, n_tiles, t_hi = walk
     dq_desc, b, h, softmax_scale = outs
     BLOCK_M: gl.constexpr = q_smem.shape[0]
@@ -216,23 +223,24 @@ def _consumer(
     s, dp = _issue_products(0, qdo, ring)
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     lse2, delta = _row_stats(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM, HAS_DLSE)
-    rows = (start_m, offs_m, lse2, delta, shift, seq_len_k, window_size)
+    row_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1)) if DOCS else offs_m  # the rows' documents
+    rows = (start_m, offs_m, lse2, delta, shift, seq_len_k, window_size, docs, row_ids)
     zeros = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
-    dq = _dq_step(zeros, s, dp, 0, ring, rows, t_hi, scales, CAUSAL, True, True, WINDOW, DROPOUT)
+    dq = _dq_step(zeros, s, dp, 0, ring, rows, t_hi, scales, CAUSAL, True, True, WINDOW, DOCS, DROPOUT)
     for tile in range(1, n_masked):
         s, dp = _issue_products(tile, qdo, ring)
-        dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DROPOUT)
-    if WINDOW:
+        dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DOCS, DROPOUT)
+    if WINDOW or DOCS:
         for tile in range(gl.maximum(n_masked, 1), n_full_end):
             s, dp = _issue_products(tile, qdo, ring)
-            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DROPOUT)
+            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DOCS, DROPOUT)
         for tile in range(gl.maximum(n_full_end, 1), n_tiles):
             s, dp = _issue_products(tile, qdo, ring)
-            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DROPOUT)
+            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DOCS, DROPOUT)
     else:
         for tile in range(gl.maximum(n_masked, 1), n_tiles):
             s, dp = _issue_products(tile, qdo, ring)
-            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DROPOUT)
+            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DOCS, DROPOUT)
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
 
     # dQ leaves by one TMA store through Q's buffer, free now that every product that read it has retired; rows past
@@ -271,6 +279,10 @@ def flash_bwd_dq_hopper_kernel(
     dropout_threshold,
     dropout_scale,
     window_size,
+    DocIds,
+    stride_doc,
+    DocRanges,
+    stride_ranges,
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     WINDOW: gl.constexpr,
@@ -279,8 +291,10 @@ def flash_bwd_dq_hopper_kernel(
     """dQ (B, H, Tq, D) and δ (B·H·Tq fp32) of the query tile program_id(0) of head program_id(1), from Q, dO, O
     (B, H, Tq, D), K, V (B, H, Tk, D), the forward's LSE and, if not None, its gradient DLSE (B·H·Tq fp32 each).
     Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host, and dQ leaves
-    through one of Q's tiles (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ. WINDOW
-    (with CAUSAL): each query sees only the window_size keys up to its own position."""
+    through one of Q's tiles (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ. With
+    CAUSAL, two more masks (as in `flash_fwd_hopper.py`): WINDOW, a sliding window of window_size keys, and DocIds
+    with its schedule DocRanges for this tiling, documents."""
+    DOCS: gl.constexpr = DocIds is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -303,9 +317,16 @@ def flash_bwd_dq_hopper_kernel(
     fence_async_shared()
 
     # Key tiles [b, t_hi) cross the diagonal or the end of the keys, [a, b) are seen whole by every row, and (under
-    # a window) [t_lo, a) cross its lower edge.
-    if WINDOW:
-        t_lo, a, b_full, t_hi = window_key_runs(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, BLOCK_N)
+    # a window or documents) [t_lo, a) cross its lower edge or a document's start.
+    if DOCS:
+        docs = DocIds + b.to(gl.int64) * stride_doc
+        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + start_m // BLOCK_M * 4)
+    else:
+        docs = 0
+        doc_range = 0
+    if WINDOW or DOCS:
+        runs = masked_key_runs(start_m, seq_len_q, seq_len_k, window_size, doc_range, BLOCK_M, BLOCK_N, WINDOW, DOCS)
+        t_lo, a, b_full, t_hi = runs
         walk = (t_hi - b_full, t_hi - a, t_hi - t_lo, t_hi)
     else:
         n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
@@ -325,7 +346,7 @@ def flash_bwd_dq_hopper_kernel(
     )
     HAS_DLSE: gl.constexpr = DLSE is not None
     dlse_row = DLSE + row_start if HAS_DLSE else LSE + row_start  # LSE: a placeholder (a tuple cannot hold None)
-    stats = (heads, (LSE + row_start, dlse_row, Delta + row_start), shift, seq_len_q, seq_len_k, window_size)
+    stats = (heads, (LSE + row_start, dlse_row, Delta + row_start), shift, seq_len_q, seq_len_k, window_size, docs)
     outs = (dq_desc, b, h, softmax_scale)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
     scales = (softmax_scale * LOG2E, rng, dropout_scale)
@@ -345,6 +366,7 @@ def flash_bwd_dq_hopper_kernel(
                     CAUSAL,
                     HAS_DLSE,
                     WINDOW,
+                    DOCS,
                     DROPOUT,
                 ),
             ),

@@ -42,11 +42,12 @@ from .gluon_common import (
     LOG2E,
     key_tiles,
     load_head_tile,
+    load_range,
+    masked_key_runs,
     mma_layout,
     query_tile_program,
     store_head_tile,
     tile_layout,
-    window_key_runs,
 )
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
@@ -98,11 +99,23 @@ def _issue_pv(acc, p, ring, j):
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, WINDOW: gl.constexpr):
-    """The online-softmax update of (m, l) with key tile `tile`'s scores s; returns p (fp32), α, m', l'. WINDOW:
-    a causal sliding window, under which a row may see no key of a masked tile, nor of any tile before it; its
-    max then stays −inf and exponents are taken from 0, so that its p and α are 0 rather than NaN."""
-    offs_m, shift, seq_len_k, window_size = rows
+def _softmax(
+    s,
+    m_i,
+    l_i,
+    tile,
+    rows,
+    qk_scale,
+    CAUSAL: gl.constexpr,
+    MASKED: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
+):
+    """The online-softmax update of (m, l) with key tile `tile`'s scores s; returns p (fp32), α, m', l'. Under a
+    causal sliding window (WINDOW) or documents (DOCS: a query sees the keys of its own document) a row may see no
+    key of a masked tile, nor of any tile before it; its max then stays −inf and exponents are taken from 0, so
+    that its p and α are 0 rather than NaN."""
+    offs_m, shift, seq_len_k, window_size, docs, row_ids = rows
     BLOCK_N: gl.constexpr = s.shape[1]
     if MASKED:
         offs_n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
@@ -110,11 +123,14 @@ def _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl
             seen = offs_n[None, :] <= (offs_m + shift)[:, None]
             if WINDOW:
                 seen = seen & (offs_n[None, :] > (offs_m + shift - window_size)[:, None])
+            if DOCS:
+                col_ids = gl.load(docs + offs_n, mask=offs_n < seq_len_k, other=0)
+                seen = seen & (col_ids[None, :] == row_ids[:, None])
             s = gl.where(seen, s, float("-inf"))
         else:
             s = gl.where((offs_n < seq_len_k)[None, :], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    m_from = gl.where(m_new == float("-inf"), 0.0, m_new) if WINDOW and MASKED else m_new
+    m_from = gl.where(m_new == float("-inf"), 0.0, m_new) if (WINDOW or DOCS) and MASKED else m_new
     p = gl.exp2(s * qk_scale - m_from[:, None])
     alpha = gl.exp2(m_i - m_from)
     l_i = l_i * alpha + gl.sum(p, axis=1)
@@ -128,7 +144,17 @@ def _rescale(acc, alpha):
 
 @gluon.jit
 def _step(
-    state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL: gl.constexpr, MASKED: gl.constexpr, WINDOW: gl.constexpr
+    state,
+    q_smem,
+    ring,
+    tile,
+    t_lo,
+    rows,
+    qk_scale,
+    CAUSAL: gl.constexpr,
+    MASKED: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
 ):
     """One key tile (the walk's (tile − t_lo)-th): S and the previous p·v retire together, then p·v of this tile
     is issued and left in flight."""
@@ -139,38 +165,39 @@ def _step(
     s = _issue_s(q_smem, ring, j)
     s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
     mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)  # the previous tile's K and V are read
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL, MASKED, WINDOW)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL, MASKED, WINDOW, DOCS)
     acc = _issue_pv(_rescale(acc, alpha), p, ring, j)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+def _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr):
     """Key tiles t_lo + 1 … t_hi − 1 of the runs tiles = (t_lo, a, b, t_hi) (masked, mask-free, masked; without a
-    window t_lo = a = 0), from the first tile's p·v in flight; returns (acc, m, l) with the last p·v landed."""
+    window or documents t_lo = a = 0), from the first tile's p·v in flight; returns (acc, m, l) with the last p·v
+    landed."""
     t_lo, a, b, t_hi = tiles
-    if WINDOW:
+    if WINDOW or DOCS:
         for tile in range(t_lo + 1, a):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, True)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS)
         for tile in range(gl.maximum(a, t_lo + 1), b):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, False, True)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, False, WINDOW, DOCS)
         for tile in range(gl.maximum(b, t_lo + 1), t_hi):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, True)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS)
     else:
         for tile in range(1, b):
-            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, False, False)
+            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, False, False, False)
         for tile in range(gl.maximum(b, 1), t_hi):
-            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, True, False)
+            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, True, False, False)
     acc, m_i, l_i = state
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,)), m_i, l_i
 
 
 @gluon.jit
-def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr):
     """One math warpgroup's 64 rows: the walk over the key tiles, then O and LSE."""
     q_ready, ring, tiles, outs, qk_scale = shared
     t_lo, t_hi = tiles[0], tiles[3]
-    row0, shift, seq_len_k, window_size = rows
+    row0, shift, seq_len_k, window_size, docs = rows
     o_desc, b, h, lse_ptrs, seq_len_q = outs
     empty, v_ring = ring[2], ring[4]
     STAGES: gl.constexpr = v_ring.shape[0]
@@ -179,19 +206,20 @@ def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_N)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    rows = (offs_m, shift, seq_len_k, window_size)
+    row_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1)) if DOCS else offs_m  # the rows' documents
+    rows = (offs_m, shift, seq_len_k, window_size, docs, row_ids)
     mbarrier.wait(q_ready, 0)
 
-    # The first tile, peeled and masked. Without a window it holds key 0, seen by every row, so m is finite from
-    # here on; with one, `_softmax` keeps rows that have seen nothing yet at zero.
+    # The first tile, peeled and masked. Without a window or documents it holds key 0, seen by every row, so m is
+    # finite from here on; with them, `_softmax` keeps rows that have seen nothing yet at zero.
     s = _issue_s(q_smem, ring, 0)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-    p, _, m_i, l_i = _softmax(s, m_i, l_i, t_lo, rows, qk_scale, CAUSAL, True, WINDOW)
+    p, _, m_i, l_i = _softmax(s, m_i, l_i, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS)
     zeros = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     state = (_issue_pv(zeros, p, ring, 0), m_i, l_i)
-    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL, WINDOW)
+    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL, WINDOW, DOCS)
     mbarrier.arrive(empty.index((t_hi - t_lo - 1) % STAGES), count=1)
 
     # O leaves through Q's buffer, free now that every product that read it has retired, by one TMA store: whole
@@ -216,6 +244,10 @@ def flash_fwd_hopper_kernel(
     seq_len_k,
     softmax_scale,
     window_size,
+    DocIds,
+    stride_doc,
+    DocRanges,
+    stride_ranges,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
@@ -223,8 +255,11 @@ def flash_fwd_hopper_kernel(
 ):
     """O (B, H, Tq, D) and LSE (B·H·Tq fp32) of the query tile program_id(0) (64 · CONSUMERS rows) of head
     program_id(1), from tensor descriptors of Q (B, H, Tq, D) in tiles of (1, 1, 64, D) and K, V (B, H, Tk, D) in
-    tiles of (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`). WINDOW (with CAUSAL): each
-    query sees only the window_size keys up to its own position."""
+    tiles of (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`). With CAUSAL, two more masks:
+    WINDOW, each query sees only the window_size keys up to its own position; DocIds (B, Tk) int32 (else None), a
+    query sees only the keys of its own document, with DocRanges the documents' schedule for this tiling (B, query
+    tiles, 4) int32 (`tile_schedule.py`)."""
+    DOCS: gl.constexpr = DocIds is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = ROWS * CONSUMERS
@@ -249,8 +284,14 @@ def flash_fwd_hopper_kernel(
         mbarrier.init(ring[2].index(i), count=CONSUMERS)  # every math warpgroup hands the buffer back
     fence_async_shared()
 
-    if WINDOW:
-        tiles = window_key_runs(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, BLOCK_N)
+    if DOCS:
+        docs = DocIds + b.to(gl.int64) * stride_doc
+        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + start_m // BLOCK_M * 4)
+    else:
+        docs = 0
+        doc_range = 0
+    if WINDOW or DOCS:
+        tiles = masked_key_runs(start_m, seq_len_q, seq_len_k, window_size, doc_range, BLOCK_M, BLOCK_N, WINDOW, DOCS)
     else:
         n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
         tiles = (0, 0, n_full, n_tiles)
@@ -263,9 +304,9 @@ def flash_fwd_hopper_kernel(
     outs = (o_desc, b, h, lse_ptrs, seq_len_q)
     qk_scale = softmax_scale * LOG2E
     rows = (
-        (start_m, shift, seq_len_k, window_size),
-        (start_m + ROWS, shift, seq_len_k, window_size),
-        (start_m + 2 * ROWS, shift, seq_len_k, window_size),
+        (start_m, shift, seq_len_k, window_size, docs),
+        (start_m + ROWS, shift, seq_len_k, window_size, docs),
+        (start_m + 2 * ROWS, shift, seq_len_k, window_size, docs),
     )
     shared = (q_ready, ring, tiles, outs, qk_scale)
     producer = ((k_desc, v_desc), ring, (tiles[0], tiles[3]), b, h)
@@ -273,13 +314,13 @@ def flash_fwd_hopper_kernel(
     # run-time values, and their branches into run-time branches.
     if CONSUMERS == 1:
         gl.warp_specialize(
-            [(_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW)), (_producer, producer)], [1], [24]
+            [(_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS)), (_producer, producer)], [1], [24]
         )
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW)),
-                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW)),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS)),
                 (_producer, producer),
             ],
             [4, 1],
@@ -288,9 +329,9 @@ def flash_fwd_hopper_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW)),
-                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW)),
-                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL, WINDOW)),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS)),
+                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL, WINDOW, DOCS)),
                 (_producer, producer),
             ],
             [4, 4, 1],

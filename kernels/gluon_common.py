@@ -87,19 +87,55 @@ def key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.
 
 
 @gluon.jit
-def window_key_runs(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Under a causal sliding window (query row i, at position p = i + Tk − Tq, sees keys p − W < j ≤ p), the key
-    tiles of query rows [start_m, start_m + BLOCK_M) as runs of tile indices (t_lo, a, b, t_hi): [t_lo, a) cross
-    the window's lower edge, [a, b) are seen whole by every row, [b, t_hi) cross the diagonal (`key_range` and
-    `split_tiles` in `tile_ranges.py`, for these two masks)."""
+def split_runs(lo, hi, full_lo, full_hi, TILE: gl.constexpr):
+    """Columns [lo, hi), of which [full_lo, full_hi) are seen by every row (all ≥ 0), as runs of tile indices
+    (t_lo, a, b, t_hi): [t_lo, a) masked, [a, b) mask-free, [b, t_hi) masked, at least one tile
+    (`tile_ranges.split_tiles`)."""
+    t_lo = lo // TILE
+    t_hi = gl.maximum(gl.cdiv(hi, TILE), t_lo + 1)
+    a = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE), t_lo), t_hi)
+    b = gl.maximum(gl.minimum(full_hi, hi) // TILE, a)
+    return t_lo, a, b, t_hi
+
+
+@gluon.jit
+def load_range(ranges):
+    """The (lo, hi, full_lo, full_hi) a documents schedule holds for one tile (`tile_schedule.py`)."""
+    return gl.load(ranges), gl.load(ranges + 1), gl.load(ranges + 2), gl.load(ranges + 3)
+
+
+@gluon.jit
+def masked_key_runs(
+    start_m,
+    seq_len_q,
+    seq_len_k,
+    window_size,
+    doc_range,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
+):
+    """The key tiles of query rows [start_m, start_m + BLOCK_M) under causal masking (query row i, at position
+    p = i + Tk − Tq, sees keys j ≤ p) and a sliding window (p − W < j) and/or documents (doc_range: the tile's
+    column ranges, `load_range`), as `split_runs` (`tile_ranges.key_range` and `intersect_ranges`)."""
     shift = seq_len_k - seq_len_q
     first = shift + start_m  # the positions of the tile's first and last in-bounds rows
     last = shift + gl.minimum(start_m + BLOCK_M, seq_len_q) - 1
-    t_lo = gl.maximum(first - window_size + 1, 0) // BLOCK_N
-    t_hi = gl.cdiv(last + 1, BLOCK_N)
-    a = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(last - window_size + 1, 0), BLOCK_N), t_lo), t_hi)
-    b = gl.maximum(gl.minimum((first + 1) // BLOCK_N, t_hi), a)
-    return t_lo, a, b, t_hi
+    lo = first * 0
+    full_lo = lo
+    hi = last + 1
+    full_hi = first + 1
+    if WINDOW:
+        lo = gl.maximum(first - window_size + 1, 0)
+        full_lo = gl.maximum(last - window_size + 1, 0)
+    if DOCS:
+        doc_lo, doc_hi, doc_full_lo, doc_full_hi = doc_range
+        lo = gl.maximum(lo, doc_lo)
+        hi = gl.minimum(hi, doc_hi)
+        full_lo = gl.maximum(full_lo, doc_full_lo)
+        full_hi = gl.minimum(full_hi, doc_full_hi)
+    return split_runs(lo, hi, full_lo, full_hi, BLOCK_N)
 
 
 @functools.cache

@@ -202,13 +202,32 @@ def launch_tiles(
     seq_len_bucket: int,
     block_size: int | None,
 ) -> tuple[TileKey, ...]:
-    """The tiling each of `passes` launches with (`config_for`; seq_len_bucket: `tuning.seq_len_bucket` of Tk).
-    A constant to torch.compile, which then neither traces the table lookup (it reads a file) nor guards on more
-    than the T bucket."""
+    """The tiling each of `passes` launches with (`config_for`; seq_len_bucket: `tuning.seq_len_bucket` of Tk), and
+    that of its Gluon pass where one may take the call instead (`hopper_launch_config`: without a block mask, i.e.
+    block_size None). A constant to torch.compile, which then neither traces the table lookup (it reads a file) nor
+    guards on more than the T bucket."""
     device = torch.device(device_type, device_index)
-    return tuple(
+    tiles = tuple(
         tile_key(p, config_for(p, head_dim, dtype, device, causal, dropout, seq_len_bucket, block_size)) for p in passes
     )
+    if block_size is None and device_type == "cuda" and not interpreting() and is_hopper(device):
+        tiles += gluon_tiles(passes, head_dim, dtype, causal, dropout, seq_len_bucket)
+    return tiles
+
+
+def gluon_tiles(
+    passes: tuple[str, ...], head_dim: int, dtype: torch.dtype, causal: bool, dropout: bool, seq_len_bucket: int
+) -> tuple[TileKey, ...]:
+    """The tilings of the Gluon passes that may take the place of `passes` under masks on a Hopper GPU
+    (`_gluon_masks`): those the table lists for the shape, causal, bf16 or fp16."""
+    if not causal or dtype not in (torch.bfloat16, torch.float16):
+        return ()
+    tiles = []
+    for name in (GLUON_PASSES[p] for p in passes if p in GLUON_PASSES):
+        cfg = hopper_config(name, head_dim, dtype_name(dtype), causal, dropout, seq_len_bucket)
+        if cfg is not None and globals()[f"flash_{name}_kernel"] is not None:
+            tiles.append(tile_key(name, cfg))
+    return tuple(tiles)
 
 
 def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask) -> dict:
@@ -390,12 +409,19 @@ def launch_dkdv(
     )  # fmt: skip
 
 
-def _gluon_masks(kernel_pass: str, masks: FlashMask, causal: bool) -> bool:
-    """Whether the Gluon pass `kernel_pass` takes these masks: none, or a causal sliding window alone."""
+# The Gluon pass that may take a Triton pass's place under masks (`_gluon_masks`).
+GLUON_PASSES = {"fwd": "fwd_hopper", "bwd_dq": "bwd_dq_hopper", "bwd_dkdv": "bwd_dkdv_hopper"}
+
+
+def _gluon_masks(kernel_pass: str, masks: FlashMask, causal: bool, cfg: LaunchConfig) -> bool:
+    """Whether the Gluon pass `kernel_pass` takes these masks at cfg: none; or, causal, a sliding window and
+    document ids, the latter where the mask holds a schedule for the pass's tiling (`flash_mask` builds them where
+    the passes are Gluon ones). The fused pass takes none."""
     if not masks.any:
         return True
-    window_only = masks.document_ids is None and masks.block_mask is None
-    return window_only and causal and kernel_pass != "bwd_fused_hopper"
+    if not causal or masks.block_mask is not None or kernel_pass == "bwd_fused_hopper":
+        return False
+    return masks.document_ids is None or tile_key(kernel_pass, cfg) in masks.tiles
 
 
 def hopper_launch_config(
@@ -404,43 +430,56 @@ def hopper_launch_config(
     """The configuration of the Gluon pass `kernel_pass` ("fwd_hopper": `flash_fwd_hopper.py`, "bwd_dq_hopper":
     `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`, "bwd_fused_hopper":
     `flash_bwd_fused_hopper.py`) where the call should take it instead of the Triton pass: on Hopper, outside the
-    interpreter, dense or under a causal sliding window (the fused pass: dense only), with dropout the backward
-    passes (which draw the mask themselves), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit
-    (o: the forward's output or the backward's input; do: the backward's, None for the forward), a shape the table
-    measured it faster for (dense: a window takes the dense configuration), and the tested Triton. Else None."""
+    interpreter, with the masks it takes (`_gluon_masks`), with dropout the backward passes (which draw the mask
+    themselves), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit (o: the forward's output or
+    the backward's input; do: the backward's, None for the forward), a shape the table measured it faster for
+    (masked calls take the dense configuration), and the tested Triton. Else None."""
     # The kernel is looked up by name, so that a test can take one away as another Triton release would.
-    if globals()[f"flash_{kernel_pass}_kernel"] is None or not _gluon_masks(kernel_pass, masks, params.causal):
-        return None
-    if q.dtype not in (torch.bfloat16, torch.float16):
+    if globals()[f"flash_{kernel_pass}_kernel"] is None or q.dtype not in (torch.bfloat16, torch.float16):
         return None
     cfg = hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, k.shape[2])
-    if cfg is None or interpreting() or not is_hopper(q.device):
+    if (
+        cfg is None
+        or interpreting()
+        or not is_hopper(q.device)
+        or not _gluon_masks(kernel_pass, masks, params.causal, cfg)
+    ):
         return None
     return cfg if _descriptors_fit(*(t for t in (q, k, v, o, do) if t is not None)) else None
 
 
+def _gluon_mask_args(masks: FlashMask, kernel_pass: str, cfg: LaunchConfig) -> tuple:
+    """(window_size, DocIds, stride, DocRanges, stride) of a Gluon pass (`_gluon_masks`): 0 without a window, and
+    None for the document arguments without document ids; the ranges are the mask's schedule for the pass's
+    tiling."""
+    if masks.document_ids is None:
+        return masks.window_size or 0, None, 0, None, 0
+    ranges = masks.tile_schedule(kernel_pass, cfg).ranges
+    return masks.window_size or 0, masks.document_ids, masks.document_ids.stride(0), ranges, ranges.stride(0)
+
+
 def launch_forward_hopper(
-    q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, window_size: int | None = None
+    q, k, v, o, lse, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask = NO_MASKS
 ) -> Launch:
     """o (B, H, Tq, D) and lse (B, H, Tq) through the Gluon forward, at cfg (`hopper_launch_config`): a program of
     cfg.block_m // 64 math warpgroups of 64 query rows each, which store O by TMA: o must suit a tensor descriptor
-    (`hopper_launch_config` checks, given o). window_size: a causal sliding window's, or None."""
+    (`hopper_launch_config` checks, given o and the masks)."""
     batch, heads, seq_len_q, _ = q.shape
     return _launch(
         flash_fwd_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), head_descriptor(q, 64),
         head_descriptor(k, cfg.block_n), head_descriptor(v, cfg.block_n), head_descriptor(o, 64), lse, heads,
-        seq_len_q, k.shape[2], params.softmax_scale, window_size or 0, STAGES=cfg.num_stages,
-        CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal, WINDOW=window_size is not None, num_warps=4,
-        maxnreg=cfg.maxnreg,
+        seq_len_q, k.shape[2], params.softmax_scale, *_gluon_mask_args(masks, "fwd_hopper", cfg),
+        STAGES=cfg.num_stages, CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal,
+        WINDOW=masks.window_size is not None, num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
 def launch_dq_hopper(
-    q, k, v, do, o, lse, dlse, delta, dq, params: AttentionParams, cfg: LaunchConfig, window_size: int | None = None
+    q, k, v, do, o, lse, dlse, delta, dq, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask = NO_MASKS
 ) -> Launch:
     """dq (B, H, Tq, D) through the Gluon pass, at cfg (`hopper_launch_config`), which also writes delta =
     rowsum(dO ∘ O) − dlse for the dK/dV pass, as `launch_dq` does given o. dq is stored by TMA: a tensor descriptor
-    must fit it, as it fits q when dq is q's `empty_like`. window_size: a causal sliding window's, or None."""
+    must fit it, as it fits q when dq is q's `empty_like`."""
     batch, heads, seq_len_q, _ = q.shape
     m, n = cfg.block_m, cfg.block_n
     strides = [s for t in (do, o) for s in t.stride()[:3]]  # every D stride is 1
@@ -448,18 +487,18 @@ def launch_dq_hopper(
         flash_bwd_dq_hopper_kernel, (_cdiv(seq_len_q, m), batch * heads), head_descriptor(q, m),
         head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), do, o, lse, dlse, delta,
         head_descriptor(dq, m), *strides, heads, seq_len_q, k.shape[2], params.softmax_scale, *params.scalars[1:],
-        window_size or 0, STAGES=cfg.num_stages, CAUSAL=params.causal, WINDOW=window_size is not None,
-        DROPOUT=params.dropout, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
+        *_gluon_mask_args(masks, "bwd_dq_hopper", cfg), STAGES=cfg.num_stages, CAUSAL=params.causal,
+        WINDOW=masks.window_size is not None, DROPOUT=params.dropout, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
 def launch_dkdv_hopper(
-    q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig, window_size: int | None = None
+    q, k, v, do, lse, delta, dk, dv, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask = NO_MASKS
 ) -> Launch:
     """dk, dv (B, H, Tk, D) through the Gluon pass, at cfg (`hopper_launch_config`): a program of cfg.block_n // 64
     math warpgroups of 64 keys each; delta as the dQ pass leaves it; with dropout, the mask of params' seed and
     offset. dk and dv are stored by TMA: tensor descriptors must fit them, as they fit k and v when dk and dv are
-    their `empty_like`. window_size: a causal sliding window's, or None."""
+    their `empty_like`."""
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     m, n = cfg.block_m, cfg.block_n
@@ -467,8 +506,9 @@ def launch_dkdv_hopper(
         flash_bwd_dkdv_hopper_kernel, (_cdiv(seq_len_k, n), batch * heads), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars[1:],
-        window_size or 0, STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal,
-        WINDOW=window_size is not None, DROPOUT=params.dropout, num_warps=4, maxnreg=cfg.maxnreg,
+        *_gluon_mask_args(masks, "bwd_dkdv_hopper", cfg), STAGES=cfg.num_stages, CONSUMERS=n // 64,
+        CAUSAL=params.causal, WINDOW=masks.window_size is not None, DROPOUT=params.dropout, num_warps=4,
+        maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

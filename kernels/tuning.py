@@ -15,7 +15,7 @@ TUNED_TABLE = Path(__file__).with_name("tuned_h100.json")
 SEQ_LEN_BUCKETS = (1024, 2048, 4096, 8192, 16384)
 PASSES = ("fwd", "bwd_dkdv", "bwd_dq", "bwd_fused")
 # Passes whose programs own a tile of keys and walk tiles of queries; the others own queries and walk keys.
-KEY_ROW_PASSES = frozenset({"bwd_dkdv", "bwd_fused"})
+KEY_ROW_PASSES = frozenset({"bwd_dkdv", "bwd_fused", "bwd_dkdv_hopper", "bwd_fused_hopper"})
 NATIVE_HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernels' HEAD_DIM; other head dims are zero-padded to one of these
 MIN_TILE = 16
 

@@ -103,27 +103,32 @@ def compile_passes(
         return launch_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len, interpreting=False,
                              hopper=True)  # fmt: skip
 
-    masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in TRITON_PASSES))
+    def hopper_cfg(kernel_pass: str) -> LaunchConfig | None:
+        return config or hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len)
+
+    gluon_tiles = tuple(tile_key(p, hopper_cfg(p)) for p in passes if p in HOPPER_PASSES and hopper_cfg(p))
+    masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in TRITON_PASSES) + gluon_tiles)
     for current in passes:
         if current == "fwd":
             launch.launch_forward(q, k, v, o, lse, params, cfg("fwd"), masks)
         elif current == "bwd_dq":
             launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o)
         elif current in HOPPER_PASSES:
-            hopper = hopper_config(current, head_dim, "bfloat16", True, dropout > 0, seq_len)
+            hopper = hopper_cfg(current)
             drawn = not dropout or current in HOPPER_DROPOUT_PASSES
-            windowed = mask == "window" and current != "bwd_fused_hopper"  # the masks the Gluon passes take
-            if (hopper is None and config is None) or not drawn or not (mask == "none" or windowed):
+            # The masks the Gluon passes take: a window and documents, except in the fused pass.
+            masked = mask in ("window", "documents") and current != "bwd_fused_hopper"
+            if hopper is None or not drawn or not (mask == "none" or masked):
                 raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
-            window = masks.window_size if windowed else None
+            gluon_masks = masks if masked else launch.NO_MASKS
             if current == "fwd_hopper":
-                launch.launch_forward_hopper(q, k, v, o, lse, params, config or hopper, window)
+                launch.launch_forward_hopper(q, k, v, o, lse, params, hopper, gluon_masks)
             elif current == "bwd_dq_hopper":
-                launch.launch_dq_hopper(q, k, v, do, o, lse, None, delta, dq, params, config or hopper, window)
+                launch.launch_dq_hopper(q, k, v, do, o, lse, None, delta, dq, params, hopper, gluon_masks)
             elif current == "bwd_fused_hopper":
-                launch.launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, config or hopper)
+                launch.launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, hopper)
             else:
-                launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, config or hopper, window)
+                launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, hopper, gluon_masks)
         elif current == "bwd_dkdv":
             launch.launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_dkdv"), masks)
         else:

@@ -7,6 +7,7 @@ import pytest
 import torch
 import tune_attention  # scripts/tune_attention.py, on pytest's pythonpath
 
+from flashgpt.kernels.tile_schedule import tile_key
 from flashgpt.kernels.tuning import (
     _DEFAULTS,
     HOPPER_DROPOUT_PASSES,
@@ -226,8 +227,13 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_or_windowed_and_descriptors_f
     assert decide(masks=window) == (None if kernel_pass == "bwd_fused_hopper" else expected)
     assert decide(masks=window, causal=False) is None
     documents = replace(launch.NO_MASKS, document_ids=torch.zeros(1, 16384, dtype=torch.int32))
-    assert decide(masks=documents) is None
-    assert decide(masks=replace(documents, window_size=256)) is None
+    assert decide(masks=documents) is None  # no schedule for the pass's tiling
+    if expected is not None and kernel_pass in launch.GLUON_PASSES.values():
+        scheduled = replace(documents, tiles=(tile_key(kernel_pass, expected),))
+        assert decide(masks=scheduled) == expected
+        assert decide(masks=replace(scheduled, window_size=256)) == expected
+        assert decide(masks=scheduled, causal=False) is None
+        assert decide(masks=replace(scheduled, block_mask=torch.ones(1, 128, 128, dtype=torch.bool))) is None
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
     transposed = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
     assert decide(layout=transposed) is None
@@ -242,3 +248,24 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_or_windowed_and_descriptors_f
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)
     monkeypatch.setattr(launch, "interpreting", lambda: True)
     assert decide() is None
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_take_it(dropout):
+    """`launch.gluon_tiles`, which `flash_mask` adds to the tilings it builds schedules for on a Hopper GPU: the
+    tiling of each Gluon pass that the table lists for the shape (with dropout: those that draw the mask), and
+    none for a call the Gluon passes never take (not causal, fp32)."""
+    from flashgpt.kernels import launch
+
+    for seq_len in SEQ_LEN_BUCKETS:
+        expected = []
+        for kernel_pass in PASSES:
+            name = launch.GLUON_PASSES.get(kernel_pass)
+            cfg = hopper_config(name, 64, "bfloat16", True, dropout, seq_len) if name else None
+            if cfg is not None:
+                expected.append(tile_key(name, cfg))
+        assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, seq_len) == tuple(expected)
+        assert launch.gluon_tiles(PASSES, 64, torch.float16, True, dropout, seq_len) == tuple(expected)
+        assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, False, dropout, seq_len) == ()
+        assert launch.gluon_tiles(PASSES, 64, torch.float32, True, dropout, seq_len) == ()
+    assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384)  # the table lists D = 64 at 16K
