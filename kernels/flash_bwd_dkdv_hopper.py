@@ -67,7 +67,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import LOG2E, load_head_tile, load_range, mma_layout, store_head_tile, tile_layout
+from .gluon_common import (
+    LOG2E,
+    kept_tile,
+    load_head_tile,
+    load_range,
+    lower_bound,
+    mma_layout,
+    store_head_tile,
+    tile_layout,
+)
 from .gluon_dropout import keep_mask_t
 
 
@@ -97,9 +106,12 @@ def init_ring(ring, CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
-def _producer(descs, ring, rows, lo, n_tiles, b, h):
-    """Fill the ring: query tile t's Q, dO (TMA), LSE·log2 e and δ (plain loads; rows past Tq get LSE = +inf, so
-    P = 0, and δ = 0) into buffer t mod STAGES, once the consumer has handed that buffer back."""
+def _producer(descs, ring, rows, walk, b, h, SPARSE: gl.constexpr):
+    """Fill the ring: the walk's query tile t's Q, dO (TMA), LSE·log2 e and δ (plain loads; rows past Tq get
+    LSE = +inf, so P = 0, and δ = 0) into buffer t mod STAGES, once the consumer has handed that buffer back. walk
+    = (lo, n_tiles, kept): the n_tiles tiles from row lo, or (SPARSE) those at positions p_lo … of the kept-tile
+    list kept = (kept, n_kept, p_lo)."""
+    lo, n_tiles, kept = walk
     q_desc, do_desc = descs
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     lse_row, delta_row, seq_len_q = rows
@@ -109,7 +121,7 @@ def _producer(descs, ring, rows, lo, n_tiles, b, h):
     for tile in range(n_tiles):
         slot = tile % STAGES
         mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
-        start_m = lo + tile * BLOCK_M
+        start_m = query_start(tile, lo, kept, BLOCK_M, SPARSE)
         bar = ready.index(slot)
         mbarrier.expect(bar, 2 * q_desc.block_type.nbytes)
         load_head_tile(q_desc, b, h, start_m, bar, q_ring.index(slot))
@@ -137,17 +149,20 @@ def _dkdv_step(
     DROPOUT: gl.constexpr,
     WINDOW: gl.constexpr,
     DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
 ):
-    """One query tile's share of (dK, dV), both still in flight when it returns. MASKED: the tile crosses the
+    """One query tile's share of (dK, dV) (SPARSE: the walk's tile `tile` is a position in the kept-tile list),
+    both still in flight when it returns. MASKED: the tile crosses the
     causal diagonal, (WINDOW) the upper edge of a causal sliding window or (DOCS) a document's edge. FIRST: the
     warpgroup's first tile, whose products start dK and dV. LATE_DP: dPᵀ is issued after dV's product rather than
     with Sᵀ, so that Sᵀ and dPᵀ are never in flight together (the second schedule in the module docstring).
     DROPOUT: with keep-mask Z and keep-scale c, dV += (Z ∘ Pᵀ)·dO (c applied once, at the end) and
     dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ); the mask is drawn while Sᵀ's product runs."""
-    start_n, offs_n, key_ids = keys
+    start_n, offs_n, key_ids, kept, valid = keys
     shift, qk_scale, rng, dropout_scale, seq_len_k, window_size, docs, _ = consts
     k_op, v_op = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
+    start_m = query_start(tile, lo, kept, q_ring.shape[1], SPARSE)
     STAGES: gl.constexpr = q_ring.shape[0]
     BLOCK_M: gl.constexpr = q_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_ring.shape[2]
@@ -169,7 +184,7 @@ def _dkdv_step(
     lse2 = lse_ring.index(slot).load(row_layout)
     delta = delta_ring.index(slot).load(row_layout)
     if DROPOUT:
-        keep = keep_mask_t(rng, lo + tile * BLOCK_M, start_n, seq_len_k, BLOCK_N, BLOCK_M)
+        keep = keep_mask_t(rng, start_m, start_n, seq_len_k, BLOCK_N, BLOCK_M)
     if LATE_DP:
         if FIRST:
             sT = warpgroup_mma_wait(num_outstanding=0, deps=(sT,))
@@ -186,13 +201,15 @@ def _dkdv_step(
 
     pT = gl.exp2(sT * qk_scale - lse2[None, :])
     if MASKED:
-        offs_m = lo + tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
         seen = (offs_m + shift)[None, :] >= offs_n[:, None]
         if WINDOW:
             seen = seen & ((offs_m + shift)[None, :] < offs_n[:, None] + window_size)
         if DOCS:
             query_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1))
             seen = seen & (query_ids[None, :] == key_ids[:, None])
+        if SPARSE:  # positions outside the warpgroup's runs (a walk with no kept tile) are masked whole
+            seen = seen & (tile >= valid[0]) & (tile < valid[1])
         pT = gl.where(seen, pT, 0.0)
     pdT = gl.where(keep, pT, 0.0) if DROPOUT else pT
     dv = warpgroup_mma(gl.convert_layout(pdT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
@@ -211,22 +228,34 @@ def _dkdv_step(
 
 @gluon.jit
 def _consumer(
-    kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr
+    kv,
+    shared,
+    start_n,
+    CAUSAL: gl.constexpr,
+    DROPOUT: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
 ):
     """One warpgroup's 64 keys: walk the query tiles that see them, then write their dK (times the softmax scale)
-    and dV (times the dropout keep-scale). Under a causal sliding window (WINDOW) or documents (DOCS) the walk takes
-    the runs of `query_runs`, and hands the program's later tiles back unread."""
+    and dV (times the dropout keep-scale). Under a causal sliding window (WINDOW), documents (DOCS) or a block mask
+    (SPARSE: the walk goes through the kept-tile list) the walk takes the runs of `query_runs`, and hands the
+    program's later tiles back unread."""
     kv_ready, ring, tiles, outs, consts = shared
     k_smem, v_smem = kv
-    lo, n_tiles, _ = tiles
+    lo, n_tiles, kept = tiles[0], tiles[1], tiles[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     BLOCK_M: gl.constexpr = ring[2].shape[1]
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    if WINDOW or DOCS:
-        mine, masked_end, full_end, seen_end = query_runs(start_n, tiles, consts, BLOCK_M, BLOCK_N, WINDOW, DOCS)
+    valid = (0, 0)
+    if WINDOW or DOCS or SPARSE:
+        runs = query_runs(start_n, tiles, consts, BLOCK_M, BLOCK_N, WINDOW, DOCS)
+        if SPARSE:
+            runs, valid = kept_query_runs(runs, kept, lo // BLOCK_M, n_tiles)
+        mine, masked_end, full_end, seen_end = runs
         hand_back(ring, 0, mine)
     else:
         mine, masked_end = skip_unseen_tiles(start_n, tiles, consts[0], ring, BLOCK_N, CAUSAL)
@@ -236,21 +265,31 @@ def _consumer(
         kv = (k_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)), v_smem)
     LATE_DP: gl.constexpr = HEAD_DIM > 64  # dK and dV take 128 registers a thread: Sᵀ and dPᵀ take turns
     key_ids = gl.load(consts[6] + gl.minimum(offs_n, consts[4] - 1)) if DOCS else offs_n  # the keys' documents
-    keys = (start_n, offs_n, key_ids)
-    dk, dv = _dkdv_step(zeros, zeros, mine, kv, ring, lo, keys, consts, CAUSAL, True, LATE_DP, DROPOUT, WINDOW, DOCS)
+    keys = (start_n, offs_n, key_ids, kept, valid)
+    dk, dv = _dkdv_step(
+        zeros, zeros, mine, kv, ring, lo, keys, consts, CAUSAL, True, LATE_DP, DROPOUT, WINDOW, DOCS, SPARSE
+    )
     for tile in range(mine + 1, masked_end):
-        dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW, DOCS)
-    if WINDOW or DOCS:
+        dk, dv = _dkdv_step(
+            dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW, DOCS, SPARSE
+        )
+    if WINDOW or DOCS or SPARSE:
         for tile in range(masked_end, full_end):
-            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW, DOCS)
+            dk, dv = _dkdv_step(
+                dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW, DOCS, SPARSE
+            )
         for tile in range(full_end, seen_end):
-            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW, DOCS)
+            dk, dv = _dkdv_step(
+                dk, dv, tile, kv, ring, lo, keys, consts, True, False, LATE_DP, DROPOUT, WINDOW, DOCS, SPARSE
+            )
         dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
         mbarrier.arrive(ring[1].index((seen_end - 1) % ring[2].shape[0]), count=1)  # the last tile read
         hand_back(ring, seen_end, n_tiles)
     else:
         for tile in range(masked_end, n_tiles):
-            dk, dv = _dkdv_step(dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW, DOCS)
+            dk, dv = _dkdv_step(
+                dk, dv, tile, kv, ring, lo, keys, consts, False, False, LATE_DP, DROPOUT, WINDOW, DOCS, SPARSE
+            )
         dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
     if DROPOUT:
         dv = dv * consts[3]
@@ -264,7 +303,7 @@ def skip_unseen_tiles(start_n, tiles, shift, ring, BLOCK_N: gl.constexpr, CAUSAL
     handed back unread here, those from `mine` to `masked_end` cross their diagonal (causal: shift = Tk − Tq). Keys
     past Tk (a ragged last tile) keep the last query tile, masked, so that the walk's peeled first step always has
     one."""
-    lo, _, hi = tiles
+    lo, hi = tiles[0], tiles[2]
     STAGES: gl.constexpr = ring[2].shape[0]
     BLOCK_M: gl.constexpr = ring[2].shape[1]
     first, free = lo, lo
@@ -288,7 +327,8 @@ def query_runs(start_n, tiles, consts, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     [mine, a) masked, [a, b) seen whole by every key, [b, seen_end) masked; none before mine or from seen_end on
     sees any of the keys. Keys past Tk (a ragged last tile) keep the last query tile, masked, so that the walk's
     peeled first step always has one (`tile_ranges.query_range`, `intersect_ranges`)."""
-    lo, n_tiles, hi = tiles
+    lo, hi = tiles[0], tiles[2]
+    n_tiles = (hi - lo) // BLOCK_M
     shift = consts[0]
     last_key = start_n + BLOCK_N - 1
     seen_lo = gl.maximum(start_n - shift, 0)
@@ -310,6 +350,33 @@ def query_runs(start_n, tiles, consts, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     a = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(full_lo - lo, 0), BLOCK_M), mine + 1), seen_end)
     b = gl.minimum(gl.maximum(gl.maximum(full_hi - lo, 0) // BLOCK_M, a), seen_end)
     return mine, a, b, seen_end
+
+
+@gluon.jit
+def kept_query_runs(runs, kept, first_tile, n_walk):
+    """A warpgroup's runs (`query_runs`, query tiles counted from first_tile) as positions of the walk through the
+    kept-tile list kept = (kept, n_kept, p_lo) (position 0 of the walk: p_lo of the list), n_walk positions long;
+    and (first, end), the positions the warpgroup's runs hold: with none, its walk keeps one step there, masked
+    whole."""
+    kept_ptr, n_kept, p_lo = kept
+    mine, a, b, seen_end = runs
+    first = lower_bound(kept_ptr, n_kept, first_tile + mine) - p_lo
+    a = lower_bound(kept_ptr, n_kept, first_tile + a) - p_lo
+    b = lower_bound(kept_ptr, n_kept, first_tile + b) - p_lo
+    end = lower_bound(kept_ptr, n_kept, first_tile + seen_end) - p_lo
+    mine = gl.minimum(first, n_walk - 1)
+    seen_end = gl.minimum(gl.maximum(end, mine + 1), n_walk)
+    a = gl.minimum(gl.maximum(a, mine + 1), seen_end)
+    return (mine, a, gl.minimum(gl.maximum(b, a), seen_end), seen_end), (first, end)
+
+
+@gluon.jit
+def query_start(tile, lo, kept, BLOCK_M: gl.constexpr, SPARSE: gl.constexpr):
+    """The first query row of the walk's tile `tile`: lo + tile · BLOCK_M, or (SPARSE) that of the tile at position
+    p_lo + tile of the kept-tile list kept = (kept, n_kept, p_lo)."""
+    if SPARSE:
+        return kept_tile(kept[0], kept[1], kept[2] + tile) * BLOCK_M
+    return lo + tile * BLOCK_M
 
 
 @gluon.jit
@@ -361,6 +428,11 @@ def flash_bwd_dkdv_hopper_kernel(
     stride_doc,
     DocRanges,
     stride_ranges,
+    KeptCount,
+    KeptIndex,
+    stride_count_h,
+    stride_index_h,
+    stride_index_r,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
@@ -373,8 +445,9 @@ def flash_bwd_dkdv_hopper_kernel(
     (1, 1, 64, D), and dK and dV leave through descriptors of K's tiles, all made on the host
     (`launch.launch_dkdv_hopper`). With CAUSAL, two more masks (as in `flash_fwd_hopper.py`): WINDOW, a sliding
     window of window_size keys, and DocIds with its schedule DocRanges (for this tiling: per key tile, the query
-    ranges), documents."""
+    ranges), documents, and KeptIndex with KeptCount, a block mask's kept query tiles per key tile."""
     DOCS: gl.constexpr = DocIds is not None
+    SPARSE: gl.constexpr = KeptIndex is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -404,7 +477,7 @@ def flash_bwd_dkdv_hopper_kernel(
     else:
         docs = 0
         doc_range = 0
-    if WINDOW or DOCS:  # the walk keeps at least one tile
+    if WINDOW or DOCS or SPARSE:  # the walk keeps at least one tile
         seen_lo = gl.maximum(start_n - shift, 0)
         seen_hi = hi
         if WINDOW:  # queries from start_n + BLOCK_N − 1 − shift + W on see none of the keys
@@ -417,6 +490,14 @@ def flash_bwd_dkdv_hopper_kernel(
     else:
         lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
     n_tiles = (hi - lo) // BLOCK_M
+    if SPARSE:  # the walk goes through the kept query tiles from lo to hi: n_tiles positions of the list from p_lo
+        kept_ptr = KeptIndex + h * stride_index_h + gl.program_id(0) * stride_index_r
+        n_kept = gl.load(KeptCount + h * stride_count_h + gl.program_id(0))
+        p_lo = lower_bound(kept_ptr, n_kept, lo // BLOCK_M)
+        n_tiles = gl.maximum(lower_bound(kept_ptr, n_kept, hi // BLOCK_M) - p_lo, 1)
+        kept = (kept_ptr, n_kept, p_lo)
+    else:
+        kept = (0, 0, 0)
 
     mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
@@ -431,13 +512,16 @@ def flash_bwd_dkdv_hopper_kernel(
     consts = (shift, qk_scale, rng, dropout_scale, seq_len_k, window_size, docs, doc_range)
     # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
     # run-time values, and their branches into run-time branches.
-    shared = (kv_ready, ring, (lo, n_tiles, hi), outs, consts)
-    producer = ((q_desc, do_desc), ring, rows, lo, n_tiles, b, h)
+    shared = (kv_ready, ring, (lo, n_tiles, hi, kept), outs, consts)
+    walk = (lo, n_tiles, kept)  # the producer's
     if CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS)),
-                (_producer, producer),
+                (
+                    _consumer,
+                    ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE),
+                ),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, SPARSE)),
             ],
             [1],
             [24],
@@ -445,12 +529,15 @@ def flash_bwd_dkdv_hopper_kernel(
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS)),
                 (
                     _consumer,
-                    ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS),
+                    ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE),
                 ),
-                (_producer, producer),
+                (
+                    _consumer,
+                    ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE),
+                ),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, SPARSE)),
             ],
             [4, 1],
             [232, 24],
@@ -458,16 +545,28 @@ def flash_bwd_dkdv_hopper_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS)),
                 (
                     _consumer,
-                    ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS),
+                    ((k_smem.index(0), v_smem.index(0)), shared, start_n, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE),
                 ),
                 (
                     _consumer,
-                    ((k_smem.index(2), v_smem.index(2)), shared, start_n + 2 * KEYS, CAUSAL, DROPOUT, WINDOW, DOCS),
+                    ((k_smem.index(1), v_smem.index(1)), shared, start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE),
                 ),
-                (_producer, producer),
+                (
+                    _consumer,
+                    (
+                        (k_smem.index(2), v_smem.index(2)),
+                        shared,
+                        start_n + 2 * KEYS,
+                        CAUSAL,
+                        DROPOUT,
+                        WINDOW,
+                        DOCS,
+                        SPARSE,
+                    ),
+                ),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, SPARSE)),
             ],
             [4, 4, 1],
             [160, 160, 24],

@@ -49,6 +49,8 @@ from triton.runtime.jit import constexpr_function
 
 from .gluon_common import (
     LOG2E,
+    kept_runs,
+    kept_tile,
     key_tiles,
     load_head_tile,
     load_range,
@@ -69,19 +71,19 @@ def _rows_layout(num_warps, head_dim):
 
 
 @gluon.jit
-def _producer(descs, ring, tiles, b, h):
-    """Fill the ring: the walk's tile t, key tile t_hi − 1 − t (counted down from the diagonal), into buffer
-    t mod STAGES, once the consumer has handed that buffer back, for the n_tiles key tiles below t_hi
-    (tiles = (n_tiles, t_hi))."""
+def _producer(descs, ring, tiles, b, h, SPARSE: gl.constexpr):
+    """Fill the ring: the walk's tile t, key tile t_hi − 1 − t (counted down from the diagonal; SPARSE: the tile at
+    that position of the kept-tile list kept[0:n_kept]), into buffer t mod STAGES, once the consumer has handed
+    that buffer back, for the n_tiles tiles below t_hi (tiles = (n_tiles, t_hi, kept, n_kept))."""
     k_desc, v_desc = descs
     ready, empty, k_ring, v_ring = ring
-    n_tiles, t_hi = tiles
+    n_tiles, t_hi, kept, n_kept = tiles
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     for tile in range(n_tiles):
         slot = tile % STAGES
         mbarrier.wait(empty.index(slot), ((tile // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
-        start_n = (t_hi - 1 - tile) * BLOCK_N
+        start_n = (kept_tile(kept, n_kept, t_hi - 1 - tile) if SPARSE else t_hi - 1 - tile) * BLOCK_N
         bar = ready.index(slot)
         mbarrier.expect(bar, 2 * k_desc.block_type.nbytes)
         load_head_tile(k_desc, b, h, start_n, bar, k_ring.index(slot))
@@ -120,15 +122,17 @@ def _dq_step(
     FIRST: gl.constexpr,
     WINDOW: gl.constexpr,
     DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """The walk's tile `tile` (key tile t_hi − 1 − tile)'s share of dQ, from its S and dP in flight
+    """The walk's tile `tile` (key tile t_hi − 1 − tile; SPARSE: the tile at that position of the kept-tile list,
+    and positions below the walk's runs masked whole)'s share of dQ, from its S and dP in flight
     (`_issue_products`); still in flight when it returns. MASKED: the tile crosses the causal diagonal, the end of
     the keys, (WINDOW) the lower edge of a causal sliding window or (DOCS) a document's edge. FIRST: the program's
     first tile, whose product starts dQ. DROPOUT: with keep-mask Z and keep-scale c, dS = P ∘ (c·Z ∘ dP − δ); the
     mask is drawn while S's and dP's products run."""
     empty, k_ring = ring[1], ring[2]
-    start_m, offs_m, lse2, delta, shift, seq_len_k, window_size, docs, row_ids = rows
+    start_m, offs_m, lse2, delta, shift, seq_len_k, window_size, docs, row_ids, kept, n_kept, walk_lo = rows
     qk_scale, rng, dropout_scale = scales
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
@@ -136,7 +140,7 @@ def _dq_step(
     BLOCK_M: gl.constexpr = offs_m.shape[0]
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    start_n = (t_hi - 1 - tile) * BLOCK_N
+    start_n = (kept_tile(kept, n_kept, t_hi - 1 - tile) if SPARSE else t_hi - 1 - tile) * BLOCK_N
     if DROPOUT:
         keep = keep_mask(rng, start_m, start_n, seq_len_k, BLOCK_M, BLOCK_N)
     if FIRST:
@@ -156,6 +160,8 @@ def _dq_step(
         if DOCS:
             col_ids = gl.load(docs + offs_n, mask=offs_n < seq_len_k, other=0)
             seen = seen & (col_ids[None, :] == row_ids[:, None])
+        if SPARSE:
+            seen = seen & (t_hi - 1 - tile >= walk_lo)
         p = gl.where(seen, p, 0.0)
     dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
     if DROPOUT:
@@ -201,15 +207,17 @@ def _consumer(
     HAS_DLSE: gl.constexpr,
     WINDOW: gl.constexpr,
     DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """The walk over this query tile's key tiles, walked down from key tile t_hi − 1 in the runs of
+    """The walk over this query tile's key tiles (SPARSE: positions of its kept-tile list kept = (kept, n_kept,
+    walk_lo), the first position of the walk's runs), walked down from key tile t_hi − 1 in the runs of
     walk = (n_top, n_full_end, n_tiles, t_hi): the first n_top tiles cross the diagonal (or a document's end),
     those up to n_full_end are seen whole by every row and (WINDOW, DOCS) the rest cross the window's lower edge or
     a document's start; δ and LSE of its rows are computed during the first tile. Then dQ (times the softmax
     scale)."""
     q_smem = qdo[0]
-    heads, row_ptrs, shift, seq_len_q, seq_len_k, window_size, docs = stats
+    heads, row_ptrs, shift, seq_len_q, seq_len_k, window_size, docs, kept = stats
     n_masked, n_full_end, n_tiles, t_hi = walk
     dq_desc, b, h, softmax_scale = outs
     BLOCK_M: gl.constexpr = q_smem.shape[0]
@@ -224,23 +232,27 @@ def _consumer(
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     lse2, delta = _row_stats(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM, HAS_DLSE)
     row_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1)) if DOCS else offs_m  # the rows' documents
-    rows = (start_m, offs_m, lse2, delta, shift, seq_len_k, window_size, docs, row_ids)
+    rows = (start_m, offs_m, lse2, delta, shift, seq_len_k, window_size, docs, row_ids, kept[0], kept[1], kept[2])
     zeros = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
-    dq = _dq_step(zeros, s, dp, 0, ring, rows, t_hi, scales, CAUSAL, True, True, WINDOW, DOCS, DROPOUT)
+    dq = _dq_step(zeros, s, dp, 0, ring, rows, t_hi, scales, CAUSAL, True, True, WINDOW, DOCS, SPARSE, DROPOUT)
     for tile in range(1, n_masked):
         s, dp = _issue_products(tile, qdo, ring)
-        dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DOCS, DROPOUT)
-    if WINDOW or DOCS:
+        dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DOCS, SPARSE, DROPOUT)
+    if WINDOW or DOCS or SPARSE:
         for tile in range(gl.maximum(n_masked, 1), n_full_end):
             s, dp = _issue_products(tile, qdo, ring)
-            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DOCS, DROPOUT)
+            dq = _dq_step(
+                dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DOCS, SPARSE, DROPOUT
+            )
         for tile in range(gl.maximum(n_full_end, 1), n_tiles):
             s, dp = _issue_products(tile, qdo, ring)
-            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DOCS, DROPOUT)
+            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, True, False, WINDOW, DOCS, SPARSE, DROPOUT)
     else:
         for tile in range(gl.maximum(n_masked, 1), n_tiles):
             s, dp = _issue_products(tile, qdo, ring)
-            dq = _dq_step(dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DOCS, DROPOUT)
+            dq = _dq_step(
+                dq, s, dp, tile, ring, rows, t_hi, scales, CAUSAL, False, False, WINDOW, DOCS, SPARSE, DROPOUT
+            )
     dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
 
     # dQ leaves by one TMA store through Q's buffer, free now that every product that read it has retired; rows past
@@ -283,6 +295,11 @@ def flash_bwd_dq_hopper_kernel(
     stride_doc,
     DocRanges,
     stride_ranges,
+    KeptCount,
+    KeptIndex,
+    stride_count_h,
+    stride_index_h,
+    stride_index_r,
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     WINDOW: gl.constexpr,
@@ -293,8 +310,10 @@ def flash_bwd_dq_hopper_kernel(
     Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host, and dQ leaves
     through one of Q's tiles (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ. With
     CAUSAL, two more masks (as in `flash_fwd_hopper.py`): WINDOW, a sliding window of window_size keys, and DocIds
-    with its schedule DocRanges for this tiling, documents."""
+    with its schedule DocRanges for this tiling, documents, and KeptIndex with KeptCount, a block mask's kept key
+    tiles per query tile."""
     DOCS: gl.constexpr = DocIds is not None
+    SPARSE: gl.constexpr = KeptIndex is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -324,13 +343,26 @@ def flash_bwd_dq_hopper_kernel(
     else:
         docs = 0
         doc_range = 0
-    if WINDOW or DOCS:
+    if SPARSE:
+        row_tile = start_m // BLOCK_M
+        kept = (
+            KeptIndex + h * stride_index_h + row_tile * stride_index_r,
+            gl.load(KeptCount + h * stride_count_h + row_tile),
+        )
+    else:
+        kept = (0, 0)
+    if WINDOW or DOCS or SPARSE:
         runs = masked_key_runs(start_m, seq_len_q, seq_len_k, window_size, doc_range, BLOCK_M, BLOCK_N, WINDOW, DOCS)
+        if SPARSE:
+            runs = kept_runs(runs, kept[0], kept[1])
         t_lo, a, b_full, t_hi = runs
-        walk = (t_hi - b_full, t_hi - a, t_hi - t_lo, t_hi)
+        # A walk takes at least one step (`kept_tile`): with no kept tile, one masked whole.
+        walk = (t_hi - b_full, t_hi - a, gl.maximum(t_hi - t_lo, 1), t_hi)
+        walk_lo = t_lo
     else:
         n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
         walk = (n_tiles - n_full, n_tiles, n_tiles, n_tiles)
+        walk_lo = 0
     shift = seq_len_k - seq_len_q
 
     mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes)
@@ -346,7 +378,16 @@ def flash_bwd_dq_hopper_kernel(
     )
     HAS_DLSE: gl.constexpr = DLSE is not None
     dlse_row = DLSE + row_start if HAS_DLSE else LSE + row_start  # LSE: a placeholder (a tuple cannot hold None)
-    stats = (heads, (LSE + row_start, dlse_row, Delta + row_start), shift, seq_len_q, seq_len_k, window_size, docs)
+    stats = (
+        heads,
+        (LSE + row_start, dlse_row, Delta + row_start),
+        shift,
+        seq_len_q,
+        seq_len_k,
+        window_size,
+        docs,
+        (kept[0], kept[1], walk_lo),
+    )
     outs = (dq_desc, b, h, softmax_scale)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
     scales = (softmax_scale * LOG2E, rng, dropout_scale)
@@ -367,10 +408,11 @@ def flash_bwd_dq_hopper_kernel(
                     HAS_DLSE,
                     WINDOW,
                     DOCS,
+                    SPARSE,
                     DROPOUT,
                 ),
             ),
-            (_producer, ((k_desc, v_desc), ring, (walk[2], walk[3]), b, h)),
+            (_producer, ((k_desc, v_desc), ring, (walk[2], walk[3], kept[0], kept[1]), b, h, SPARSE)),
         ],
         [1],
         [24],

@@ -254,13 +254,13 @@ def flash_bwd_fused_hopper_kernel(
     # Constexprs go into each partition's argument tuple directly (a tuple bound to a name makes them run-time).
     tiles = (lo, n_tiles, hi)
     dq_out0 = (ds_smem.index(0), dq_smem.index(0), dq_acc_desc)
-    producer = ((q_desc, do_desc), ring, rows, lo, n_tiles, b, h)
+    walk = (lo, n_tiles, (0, 0, 0))  # the producer's: every query tile from lo
     if CONSUMERS == 1:
         gl.warp_specialize(
             [
                 (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
                              start_n, CAUSAL, DROPOUT)),
-                (_producer, producer),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, False)),
             ],
             [1],
             [24],
@@ -273,7 +273,7 @@ def flash_bwd_fused_hopper_kernel(
                              start_n, CAUSAL, DROPOUT)),
                 (_consumer, ((k_smem.index(1), v_smem.index(1)), (kv_ready, ring, dq_out1, tiles, outs, consts),
                              start_n + KEYS, CAUSAL, DROPOUT)),
-                (_producer, producer),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, False)),
             ],
             [4, 1],
             [232, 24],

@@ -40,6 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .gluon_common import (
     LOG2E,
+    kept_runs,
+    kept_tile,
     key_tiles,
     load_head_tile,
     load_range,
@@ -55,18 +57,19 @@ ROWS: gl.constexpr = gl.constexpr(64)  # query rows a math warpgroup owns
 
 
 @gluon.jit
-def _producer(descs, ring, tiles, b, h):
-    """Fill the ring: key tile t_lo + j into buffer j mod STAGES, once every math warpgroup has handed that buffer
-    back, for the tiles [t_lo, t_hi) = tiles."""
+def _producer(descs, ring, tiles, b, h, SPARSE: gl.constexpr):
+    """Fill the ring: the walk's j-th key tile into buffer j mod STAGES, once every math warpgroup has handed that
+    buffer back, for the walk tiles = (t_lo, t_hi, kept, n_kept): tiles t_lo … t_hi − 1, or (SPARSE) the tiles at
+    those positions of the kept-tile list kept[0:n_kept]."""
     k_desc, v_desc = descs
     k_ready, v_ready, empty, k_ring, v_ring = ring
-    t_lo, t_hi = tiles
+    t_lo, t_hi, kept, n_kept = tiles
     STAGES: gl.constexpr = k_ring.shape[0]
     BLOCK_N: gl.constexpr = k_ring.shape[1]
     for j in range(t_hi - t_lo):
         slot = j % STAGES
         mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
-        start_n = (t_lo + j) * BLOCK_N
+        start_n = (kept_tile(kept, n_kept, t_lo + j) if SPARSE else t_lo + j) * BLOCK_N
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         load_head_tile(k_desc, b, h, start_n, k_ready.index(slot), k_ring.index(slot))
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
@@ -110,15 +113,18 @@ def _softmax(
     MASKED: gl.constexpr,
     WINDOW: gl.constexpr,
     DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
 ):
-    """The online-softmax update of (m, l) with key tile `tile`'s scores s; returns p (fp32), α, m', l'. Under a
-    causal sliding window (WINDOW) or documents (DOCS: a query sees the keys of its own document) a row may see no
-    key of a masked tile, nor of any tile before it; its max then stays −inf and exponents are taken from 0, so
-    that its p and α are 0 rather than NaN."""
-    offs_m, shift, seq_len_k, window_size, docs, row_ids = rows
+    """The online-softmax update of (m, l) with the walk's tile `tile`'s scores s; returns p (fp32), α, m', l'.
+    Under a causal sliding window (WINDOW), documents (DOCS: a query sees the keys of its own document) or a block
+    mask (SPARSE: `tile` is a position in the kept-tile list, and positions past the walk's runs are masked
+    whole) a row may see no key of a masked tile, nor of any tile before it; its max then stays −inf and exponents
+    are taken from 0, so that its p and α are 0 rather than NaN."""
+    offs_m, shift, seq_len_k, window_size, docs, row_ids, kept, n_kept, walk_end = rows
     BLOCK_N: gl.constexpr = s.shape[1]
     if MASKED:
-        offs_n = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+        column = kept_tile(kept, n_kept, tile) if SPARSE else tile
+        offs_n = column * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
         if CAUSAL:  # n ≤ m + shift implies n < Tk for every row that is stored
             seen = offs_n[None, :] <= (offs_m + shift)[:, None]
             if WINDOW:
@@ -126,11 +132,13 @@ def _softmax(
             if DOCS:
                 col_ids = gl.load(docs + offs_n, mask=offs_n < seq_len_k, other=0)
                 seen = seen & (col_ids[None, :] == row_ids[:, None])
+            if SPARSE:
+                seen = seen & (tile < walk_end)
             s = gl.where(seen, s, float("-inf"))
         else:
             s = gl.where((offs_n < seq_len_k)[None, :], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    m_from = gl.where(m_new == float("-inf"), 0.0, m_new) if (WINDOW or DOCS) and MASKED else m_new
+    m_from = gl.where(m_new == float("-inf"), 0.0, m_new) if (WINDOW or DOCS or SPARSE) and MASKED else m_new
     p = gl.exp2(s * qk_scale - m_from[:, None])
     alpha = gl.exp2(m_i - m_from)
     l_i = l_i * alpha + gl.sum(p, axis=1)
@@ -155,6 +163,7 @@ def _step(
     MASKED: gl.constexpr,
     WINDOW: gl.constexpr,
     DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
 ):
     """One key tile (the walk's (tile − t_lo)-th): S and the previous p·v retire together, then p·v of this tile
     is issued and left in flight."""
@@ -165,38 +174,52 @@ def _step(
     s = _issue_s(q_smem, ring, j)
     s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
     mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)  # the previous tile's K and V are read
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL, MASKED, WINDOW, DOCS)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL, MASKED, WINDOW, DOCS, SPARSE)
     acc = _issue_pv(_rescale(acc, alpha), p, ring, j)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr):
-    """Key tiles t_lo + 1 … t_hi − 1 of the runs tiles = (t_lo, a, b, t_hi) (masked, mask-free, masked; without a
-    window or documents t_lo = a = 0), from the first tile's p·v in flight; returns (acc, m, l) with the last p·v
-    landed."""
+def _walk(
+    state,
+    q_smem,
+    ring,
+    tiles,
+    rows,
+    qk_scale,
+    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
+):
+    """Key tiles t_lo + 1 … t_hi − 1 of the runs tiles = (t_lo, a, b, t_hi) (masked, mask-free, masked; without
+    masks t_lo = a = 0; SPARSE: positions in the kept-tile list), from the first tile's p·v in flight; returns
+    (acc, m, l) with the last p·v landed."""
     t_lo, a, b, t_hi = tiles
-    if WINDOW or DOCS:
+    if WINDOW or DOCS or SPARSE:
         for tile in range(t_lo + 1, a):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS, SPARSE)
         for tile in range(gl.maximum(a, t_lo + 1), b):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, False, WINDOW, DOCS)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, False, WINDOW, DOCS, SPARSE)
         for tile in range(gl.maximum(b, t_lo + 1), t_hi):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS, SPARSE)
     else:
         for tile in range(1, b):
-            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, False, False, False)
+            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, False, False, False, False)
         for tile in range(gl.maximum(b, 1), t_hi):
-            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, True, False, False)
+            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, True, False, False, False)
     acc, m_i, l_i = state
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,)), m_i, l_i
 
 
 @gluon.jit
-def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr):
+def _consumer(
+    q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr, SPARSE: gl.constexpr
+):
     """One math warpgroup's 64 rows: the walk over the key tiles, then O and LSE."""
-    q_ready, ring, tiles, outs, qk_scale = shared
+    q_ready, ring, tiles, outs, qk_scale, kept = shared
     t_lo, t_hi = tiles[0], tiles[3]
+    walk_end = gl.maximum(t_hi, t_lo + 1) if SPARSE else t_hi  # a walk takes at least one step (`kept_tile`)
     row0, shift, seq_len_k, window_size, docs = rows
     o_desc, b, h, lse_ptrs, seq_len_q = outs
     empty, v_ring = ring[2], ring[4]
@@ -207,7 +230,7 @@ def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, 
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     row_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1)) if DOCS else offs_m  # the rows' documents
-    rows = (offs_m, shift, seq_len_k, window_size, docs, row_ids)
+    rows = (offs_m, shift, seq_len_k, window_size, docs, row_ids, kept[0], kept[1], t_hi)
     mbarrier.wait(q_ready, 0)
 
     # The first tile, peeled and masked. Without a window or documents it holds key 0, seen by every row, so m is
@@ -216,15 +239,18 @@ def _consumer(q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, 
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-    p, _, m_i, l_i = _softmax(s, m_i, l_i, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS)
+    p, _, m_i, l_i = _softmax(s, m_i, l_i, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS, SPARSE)
     zeros = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     state = (_issue_pv(zeros, p, ring, 0), m_i, l_i)
-    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL, WINDOW, DOCS)
-    mbarrier.arrive(empty.index((t_hi - t_lo - 1) % STAGES), count=1)
+    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL, WINDOW, DOCS, SPARSE)
+    mbarrier.arrive(empty.index((walk_end - t_lo - 1) % STAGES), count=1)
 
     # O leaves through Q's buffer, free now that every product that read it has retired, by one TMA store: whole
     # 128-byte lines, and rows past Tq clipped by the descriptor.
-    o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, acc_layout))[:, None]
+    if SPARSE:  # a row that sees no key: o = 0 (and LSE = −inf)
+        o = acc / gl.convert_layout(gl.where(l_i == 0.0, 1.0, l_i), gl.SliceLayout(1, acc_layout))[:, None]
+    else:
+        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, acc_layout))[:, None]
     q_smem.store(o.to(q_smem.dtype))
     fence_async_shared()
     store_head_tile(o_desc, b, h, row0, q_smem)
@@ -248,6 +274,11 @@ def flash_fwd_hopper_kernel(
     stride_doc,
     DocRanges,
     stride_ranges,
+    KeptCount,
+    KeptIndex,
+    stride_count_h,
+    stride_index_h,
+    stride_index_r,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
@@ -258,8 +289,10 @@ def flash_fwd_hopper_kernel(
     tiles of (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`). With CAUSAL, two more masks:
     WINDOW, each query sees only the window_size keys up to its own position; DocIds (B, Tk) int32 (else None), a
     query sees only the keys of its own document, with DocRanges the documents' schedule for this tiling (B, query
-    tiles, 4) int32 (`tile_schedule.py`)."""
+    tiles, 4) int32 (`tile_schedule.py`); KeptIndex (H or 1, query tiles, key tiles) int32 (else None), a block
+    mask whose tiles this tiling's fit whole, with KeptCount, its kept key tiles per query tile."""
     DOCS: gl.constexpr = DocIds is not None
+    SPARSE: gl.constexpr = KeptIndex is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = ROWS * CONSUMERS
@@ -290,8 +323,18 @@ def flash_fwd_hopper_kernel(
     else:
         docs = 0
         doc_range = 0
-    if WINDOW or DOCS:
+    if SPARSE:
+        row_tile = start_m // BLOCK_M
+        kept = (
+            KeptIndex + h * stride_index_h + row_tile * stride_index_r,
+            gl.load(KeptCount + h * stride_count_h + row_tile),
+        )
+    else:
+        kept = (0, 0)
+    if WINDOW or DOCS or SPARSE:
         tiles = masked_key_runs(start_m, seq_len_q, seq_len_k, window_size, doc_range, BLOCK_M, BLOCK_N, WINDOW, DOCS)
+        if SPARSE:
+            tiles = kept_runs(tiles, kept[0], kept[1])
     else:
         n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
         tiles = (0, 0, n_full, n_tiles)
@@ -308,20 +351,26 @@ def flash_fwd_hopper_kernel(
         (start_m + ROWS, shift, seq_len_k, window_size, docs),
         (start_m + 2 * ROWS, shift, seq_len_k, window_size, docs),
     )
-    shared = (q_ready, ring, tiles, outs, qk_scale)
-    producer = ((k_desc, v_desc), ring, (tiles[0], tiles[3]), b, h)
+    shared = (q_ready, ring, tiles, outs, qk_scale, kept)
+    # The producer's walk; a block mask's may keep no tile, and then takes one step, masked whole (`kept_tile`).
+    walk = (tiles[0], gl.maximum(tiles[3], tiles[0] + 1) if SPARSE else tiles[3], kept[0], kept[1])
     # Constexprs go into each partition's argument tuple directly: a tuple assigned to a name first turns them into
     # run-time values, and their branches into run-time branches.
     if CONSUMERS == 1:
         gl.warp_specialize(
-            [(_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS)), (_producer, producer)], [1], [24]
+            [
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_producer, ((k_desc, v_desc), ring, walk, b, h, SPARSE)),
+            ],
+            [1],
+            [24],
         )
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS)),
-                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS)),
-                (_producer, producer),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_producer, ((k_desc, v_desc), ring, walk, b, h, SPARSE)),
             ],
             [4, 1],
             [232, 24],
@@ -329,10 +378,10 @@ def flash_fwd_hopper_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS)),
-                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS)),
-                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL, WINDOW, DOCS)),
-                (_producer, producer),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_producer, ((k_desc, v_desc), ring, walk, b, h, SPARSE)),
             ],
             [4, 4, 1],
             [160, 160, 24],

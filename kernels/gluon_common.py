@@ -138,6 +138,35 @@ def masked_key_runs(
     return split_runs(lo, hi, full_lo, full_hi, BLOCK_N)
 
 
+@gluon.jit
+def lower_bound(sorted_ptr, n, value):
+    """The first position in the ascending sorted_ptr[0:n] whose entry is ≥ value (n if none): binary search."""
+    lo = n * 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        below = gl.load(sorted_ptr + mid) < value
+        lo = gl.where(below, mid + 1, lo)
+        hi = gl.where(below, hi, mid)
+    return lo
+
+
+@gluon.jit
+def kept_runs(runs, kept, n_kept):
+    """Runs of tile indices (`split_runs`) as positions in the ascending list kept[0:n_kept] of the tiles a block
+    mask keeps (`tile_schedule.py`): the walk visits only those."""
+    t_lo, a, b, t_hi = runs
+    first = lower_bound(kept, n_kept, t_lo)
+    return first, lower_bound(kept, n_kept, a), lower_bound(kept, n_kept, b), lower_bound(kept, n_kept, t_hi)
+
+
+@gluon.jit
+def kept_tile(kept, n_kept, position):
+    """The tile at `position` of a kept-tile list; a walk with no kept tile still takes one step, fully masked, on
+    tile 0 (`kept_runs`' callers mask every position outside their runs)."""
+    return gl.load(kept + gl.minimum(gl.maximum(position, 0), gl.maximum(n_kept - 1, 0)), mask=n_kept > 0, other=0)
+
+
 @functools.cache
 def _descriptor_layout(dtype: torch.dtype, rows: int, head_dim: int) -> gl.NVMMASharedLayout:
     element = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]

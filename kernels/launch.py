@@ -210,24 +210,47 @@ def launch_tiles(
     tiles = tuple(
         tile_key(p, config_for(p, head_dim, dtype, device, causal, dropout, seq_len_bucket, block_size)) for p in passes
     )
-    if block_size is None and device_type == "cuda" and not interpreting() and is_hopper(device):
-        tiles += gluon_tiles(passes, head_dim, dtype, causal, dropout, seq_len_bucket)
+    if device_type == "cuda" and not interpreting() and is_hopper(device):
+        tiles += gluon_tiles(passes, head_dim, dtype, causal, dropout, seq_len_bucket, block_size)
     return tiles
 
 
 def gluon_tiles(
-    passes: tuple[str, ...], head_dim: int, dtype: torch.dtype, causal: bool, dropout: bool, seq_len_bucket: int
+    passes: tuple[str, ...],
+    head_dim: int,
+    dtype: torch.dtype,
+    causal: bool,
+    dropout: bool,
+    seq_len_bucket: int,
+    block_size: int | None = None,
 ) -> tuple[TileKey, ...]:
     """The tilings of the Gluon passes that may take the place of `passes` under masks on a Hopper GPU
-    (`_gluon_masks`): those the table lists for the shape, causal, bf16 or fp16."""
+    (`_gluon_masks`): those the table lists for the shape, causal, bf16 or fp16, fitted to a block mask's
+    block_size (`fit_gluon_to_blocks`)."""
     if not causal or dtype not in (torch.bfloat16, torch.float16):
         return ()
     tiles = []
     for name in (GLUON_PASSES[p] for p in passes if p in GLUON_PASSES):
         cfg = hopper_config(name, head_dim, dtype_name(dtype), causal, dropout, seq_len_bucket)
+        if cfg is not None and block_size is not None:
+            cfg = fit_gluon_to_blocks(name, cfg, block_size)
         if cfg is not None and globals()[f"flash_{name}_kernel"] is not None:
             tiles.append(tile_key(name, cfg))
     return tuple(tiles)
+
+
+def fit_gluon_to_blocks(kernel_pass: str, cfg: LaunchConfig, block_size: int) -> LaunchConfig | None:
+    """The configuration of a Gluon pass under a block mask: its tiles must divide block_size, since it walks the
+    kept tiles whole, with no per-element lookup. A program of several math warpgroups whose tile does not (the
+    forward's 192 rows, the dK/dV pass's 192 keys) drops to the table's one-warpgroup tiles (64 × 128 and 64 × 64:
+    its 4K configurations at D = 64); None where those do not divide it either (the Triton passes then take the
+    call)."""
+    if block_size % cfg.block_m or block_size % cfg.block_n:
+        if kernel_pass == "fwd_hopper":
+            cfg = replace(cfg, block_m=64)
+        elif kernel_pass == "bwd_dkdv_hopper":
+            cfg = replace(cfg, block_m=64, block_n=64)
+    return None if block_size % cfg.block_m or block_size % cfg.block_n else cfg
 
 
 def _flags(q: torch.Tensor, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask) -> dict:
@@ -414,14 +437,17 @@ GLUON_PASSES = {"fwd": "fwd_hopper", "bwd_dq": "bwd_dq_hopper", "bwd_dkdv": "bwd
 
 
 def _gluon_masks(kernel_pass: str, masks: FlashMask, causal: bool, cfg: LaunchConfig) -> bool:
-    """Whether the Gluon pass `kernel_pass` takes these masks at cfg: none; or, causal, a sliding window and
-    document ids, the latter where the mask holds a schedule for the pass's tiling (`flash_mask` builds them where
-    the passes are Gluon ones). The fused pass takes none."""
+    """Whether the Gluon pass `kernel_pass` takes these masks at cfg: none; or, causal, a sliding window, document
+    ids and a block mask, the latter two where the mask holds a schedule for the pass's tiling (`flash_mask` builds
+    them where the passes are Gluon ones) and a block mask's blocks hold its tiles whole. The fused pass takes
+    none."""
     if not masks.any:
         return True
-    if not causal or masks.block_mask is not None or kernel_pass == "bwd_fused_hopper":
+    if not causal or kernel_pass == "bwd_fused_hopper":
         return False
-    return masks.document_ids is None or tile_key(kernel_pass, cfg) in masks.tiles
+    if masks.block_mask is not None and not masks.block_exact(cfg.block_m, cfg.block_n):
+        return False
+    return (masks.document_ids is None and masks.block_mask is None) or tile_key(kernel_pass, cfg) in masks.tiles
 
 
 def hopper_launch_config(
@@ -438,6 +464,8 @@ def hopper_launch_config(
     if globals()[f"flash_{kernel_pass}_kernel"] is None or q.dtype not in (torch.bfloat16, torch.float16):
         return None
     cfg = hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, k.shape[2])
+    if cfg is not None and masks.block_mask is not None:
+        cfg = fit_gluon_to_blocks(kernel_pass, cfg, masks.block_size)
     if (
         cfg is None
         or interpreting()
@@ -449,13 +477,24 @@ def hopper_launch_config(
 
 
 def _gluon_mask_args(masks: FlashMask, kernel_pass: str, cfg: LaunchConfig) -> tuple:
-    """(window_size, DocIds, stride, DocRanges, stride) of a Gluon pass (`_gluon_masks`): 0 without a window, and
-    None for the document arguments without document ids; the ranges are the mask's schedule for the pass's
-    tiling."""
-    if masks.document_ids is None:
-        return masks.window_size or 0, None, 0, None, 0
-    ranges = masks.tile_schedule(kernel_pass, cfg).ranges
-    return masks.window_size or 0, masks.document_ids, masks.document_ids.stride(0), ranges, ranges.stride(0)
+    """(window_size, DocIds, stride, DocRanges, stride, KeptCount, KeptIndex, stride_h, stride_h, stride_row) of a
+    Gluon pass (`_gluon_masks`): 0 without a window, None for the tensors of masks not given; the document ranges
+    and kept-tile lists are the mask's schedule for the pass's tiling (head strides 0 for a mask shared by every
+    head)."""
+    window = masks.window_size or 0
+    if masks.document_ids is None and masks.block_mask is None:
+        return window, None, 0, None, 0, None, None, 0, 0, 0
+    schedule = masks.tile_schedule(kernel_pass, cfg)
+    docs: tuple = (None, 0, None, 0)
+    if masks.document_ids is not None:
+        docs = (masks.document_ids, masks.document_ids.stride(0), schedule.ranges, schedule.ranges.stride(0))
+    blocks: tuple = (None, None, 0, 0, 0)
+    if masks.block_mask is not None:
+        counts, indices = schedule.counts, schedule.indices
+        shared = masks.block_mask.shape[0] == 1
+        blocks = (counts, indices, 0 if shared else counts.stride(0), 0 if shared else indices.stride(0),
+                  indices.stride(1))  # fmt: skip
+    return window, *docs, *blocks
 
 
 def launch_forward_hopper(

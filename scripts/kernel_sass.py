@@ -104,7 +104,8 @@ def compile_passes(
                              hopper=True)  # fmt: skip
 
     def hopper_cfg(kernel_pass: str) -> LaunchConfig | None:
-        return config or hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len)
+        cfg = config or hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len)
+        return launch.fit_gluon_to_blocks(kernel_pass, cfg, 128) if cfg and mask == "blocks" else cfg
 
     gluon_tiles = tuple(tile_key(p, hopper_cfg(p)) for p in passes if p in HOPPER_PASSES and hopper_cfg(p))
     masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in TRITON_PASSES) + gluon_tiles)
@@ -116,8 +117,8 @@ def compile_passes(
         elif current in HOPPER_PASSES:
             hopper = hopper_cfg(current)
             drawn = not dropout or current in HOPPER_DROPOUT_PASSES
-            # The masks the Gluon passes take: a window and documents, except in the fused pass.
-            masked = mask in ("window", "documents") and current != "bwd_fused_hopper"
+            # The Gluon passes take every mask but the fused one.
+            masked = mask != "none" and current != "bwd_fused_hopper"
             if hopper is None or not drawn or not (mask == "none" or masked):
                 raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
             gluon_masks = masks if masked else launch.NO_MASKS

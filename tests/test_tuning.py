@@ -178,14 +178,17 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
 
 
 @pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
-def test_a_call_takes_a_gluon_pass_only_when_dense_or_windowed_and_descriptors_fit(monkeypatch, kernel_pass):
+def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_and_when_descriptors_fit(
+    monkeypatch, kernel_pass
+):
     """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
     the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
-    causal bf16 or fp16 call at 16K, with dropout only for a pass that draws its mask, and under a causal sliding
-    window for every pass but the fused backward; None with document ids or a block mask, a window without causal,
-    fp32, a T the table does not list, or tensors a tensor descriptor cannot address (O included: the forward
-    stores it, the backward reads it); None on other GPUs, in the interpreter, and with a Triton release other
-    than the tested one (which imports no Gluon kernel)."""
+    causal bf16 or fp16 call at 16K, with dropout only for a pass that draws its mask; for every pass but the fused
+    backward also under a causal sliding window, and under document ids and a block mask where the mask holds a
+    schedule for the pass's tiling (fitted to the blocks: `launch.fit_gluon_to_blocks`); None for masks without
+    causal, fp32, a T the table does not list, or tensors a tensor descriptor cannot address (O included: the
+    forward stores it, the backward reads it); None on other GPUs, in the interpreter, and with a Triton release
+    other than the tested one (which imports no Gluon kernel)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -233,7 +236,12 @@ def test_a_call_takes_a_gluon_pass_only_when_dense_or_windowed_and_descriptors_f
         assert decide(masks=scheduled) == expected
         assert decide(masks=replace(scheduled, window_size=256)) == expected
         assert decide(masks=scheduled, causal=False) is None
-        assert decide(masks=replace(scheduled, block_mask=torch.ones(1, 128, 128, dtype=torch.bool))) is None
+        blocks = replace(launch.NO_MASKS, block_mask=torch.ones(1, 128, 128, dtype=torch.bool))
+        fitted = launch.fit_gluon_to_blocks(kernel_pass, expected, 128)  # tiles that 128-token blocks hold whole
+        assert fitted is not None and 128 % fitted.block_m == 0 and 128 % fitted.block_n == 0
+        assert decide(masks=blocks) is None  # no schedule for the pass's tiling
+        assert decide(masks=replace(blocks, tiles=(tile_key(kernel_pass, fitted),))) == fitted
+        assert decide(masks=replace(blocks, block_size=96, tiles=(tile_key(kernel_pass, fitted),))) is None
     # D not contiguous; rows 136 bytes apart from an address 4 bytes off: no tensor descriptor addresses them.
     transposed = lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2)
     assert decide(layout=transposed) is None
@@ -269,3 +277,7 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
         assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, False, dropout, seq_len) == ()
         assert launch.gluon_tiles(PASSES, 64, torch.float32, True, dropout, seq_len) == ()
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384)  # the table lists D = 64 at 16K
+    # Under a block mask, the tilings fitted to its blocks (`fit_gluon_to_blocks`), none where no tile fits.
+    fitted = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=128)
+    assert fitted and all(128 % row_tile == 0 and 128 % col_tile == 0 for _, row_tile, col_tile in fitted)
+    assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=40) == ()
