@@ -3,9 +3,10 @@ Triton compiles for the H100 target and its bundled ptxas assembles): no registe
 ptxas warning, whose usual one, C7515, says a wgmma pipeline was serialised (loop bounds computed through selects once
 did that to the dense backward and cost it 9-13%). Cases: the passes the launch table runs for these shapes (the
 fused backward where the table picks it, at D = 64, and the Gluon forward, dQ, dK/dV and fused backward passes),
-with and without dropout and masks (for the Gluon passes: a causal sliding window, documents). The Gluon passes have no
-interpreter path, so this compile is what the CPU suite checks of them; their numerics are checked on the GPU
-(`scripts/bench_attention.py`, and for windows `results/tuning/h200-2026-11-27-gluon-windows/check_windows.py`)."""
+with and without dropout and masks (for the Gluon passes: a causal sliding window, documents, block masks). The
+Gluon passes have no interpreter path, so this compile is what the CPU suite checks of them; their numerics are
+checked on the GPU (`scripts/bench_attention.py`, `scripts/bench_masks.py`, and for every mask and combination
+`results/tuning/h200-2026-11-27-gluon-blocks/check_masks.py`)."""
 
 import os
 import subprocess
@@ -32,6 +33,8 @@ CASES = {  # kernel_sass.py's arguments
     "D128 4K Gluon window dropout": "--head-dim 128 --seq-len 4096 --mask window --dropout 0.1 "
     "--passes bwd_dq_hopper,bwd_dkdv_hopper",
     "D64 16K Gluon documents": "--head-dim 64 --seq-len 16384 --mask documents "
+    "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
+    "D64 8K Gluon blocks": "--head-dim 64 --seq-len 8192 --mask blocks "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
 }
 
