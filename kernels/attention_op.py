@@ -214,7 +214,7 @@ def _build_mask(
         dropout = True if dropout_p > 0 else False  # noqa: SIM210
         fit = operator.index(block_size) if block_mask is not None else None
         tiles = launch_tiles(passes, native_head_dim(head_dim), dtype, device.type, device.index, causal, dropout,
-                             seq_len_bucket(seq_len_k), fit)  # fmt: skip
+                             seq_len_bucket(seq_len_k), fit, document_ids is not None)  # fmt: skip
     return FlashMask.build(seq_len_q, seq_len_k, tiles, window_size=window_size, document_ids=document_ids,
                            block_mask=block_mask, block_size=block_size, passes=passes)  # fmt: skip
 

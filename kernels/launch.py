@@ -201,6 +201,7 @@ def launch_tiles(
     dropout: bool,
     seq_len_bucket: int,
     block_size: int | None,
+    documents: bool = False,
 ) -> tuple[TileKey, ...]:
     """The tiling each of `passes` launches with (`config_for`; seq_len_bucket: `tuning.seq_len_bucket` of Tk), and
     that of its Gluon pass where one may take the call instead (`hopper_launch_config`: without a block mask, i.e.
@@ -211,7 +212,7 @@ def launch_tiles(
         tile_key(p, config_for(p, head_dim, dtype, device, causal, dropout, seq_len_bucket, block_size)) for p in passes
     )
     if device_type == "cuda" and not interpreting() and is_hopper(device):
-        tiles += gluon_tiles(passes, head_dim, dtype, causal, dropout, seq_len_bucket, block_size)
+        tiles += gluon_tiles(passes, head_dim, dtype, causal, dropout, seq_len_bucket, block_size, documents)
     return tiles
 
 
@@ -223,6 +224,7 @@ def gluon_tiles(
     dropout: bool,
     seq_len_bucket: int,
     block_size: int | None = None,
+    documents: bool = False,
 ) -> tuple[TileKey, ...]:
     """The tilings of the Gluon passes that may take the place of `passes` under masks on a Hopper GPU
     (`_gluon_masks`): those the table lists for the shape, causal, bf16 or fp16, fitted to a block mask's
@@ -232,11 +234,22 @@ def gluon_tiles(
     tiles = []
     for name in (GLUON_PASSES[p] for p in passes if p in GLUON_PASSES):
         cfg = hopper_config(name, head_dim, dtype_name(dtype), causal, dropout, seq_len_bucket)
-        if cfg is not None and block_size is not None:
-            cfg = fit_gluon_to_blocks(name, cfg, block_size)
+        if cfg is not None:
+            cfg = fit_gluon_to_masks(name, cfg, block_size, documents)
         if cfg is not None and globals()[f"flash_{name}_kernel"] is not None:
             tiles.append(tile_key(name, cfg))
     return tuple(tiles)
+
+
+def fit_gluon_to_masks(
+    kernel_pass: str, cfg: LaunchConfig, block_size: int | None, documents: bool
+) -> LaunchConfig | None:
+    """The configuration of a Gluon pass under masks: under a block mask, `fit_gluon_to_blocks`; under documents
+    the forward's programs of one math warpgroup (64 rows: 192 span more documents, whose edges cost whole
+    tiles)."""
+    if documents and kernel_pass == "fwd_hopper":
+        cfg = replace(cfg, block_m=64)
+    return cfg if block_size is None else fit_gluon_to_blocks(kernel_pass, cfg, block_size)
 
 
 def fit_gluon_to_blocks(kernel_pass: str, cfg: LaunchConfig, block_size: int) -> LaunchConfig | None:
@@ -464,8 +477,9 @@ def hopper_launch_config(
     if globals()[f"flash_{kernel_pass}_kernel"] is None or q.dtype not in (torch.bfloat16, torch.float16):
         return None
     cfg = hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, k.shape[2])
-    if cfg is not None and masks.block_mask is not None:
-        cfg = fit_gluon_to_blocks(kernel_pass, cfg, masks.block_size)
+    if cfg is not None and masks.any:
+        block_size = masks.block_size if masks.block_mask is not None else None
+        cfg = fit_gluon_to_masks(kernel_pass, cfg, block_size, masks.document_ids is not None)
     if (
         cfg is None
         or interpreting()

@@ -232,10 +232,16 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
     documents = replace(launch.NO_MASKS, document_ids=torch.zeros(1, 16384, dtype=torch.int32))
     assert decide(masks=documents) is None  # no schedule for the pass's tiling
     if expected is not None and kernel_pass in launch.GLUON_PASSES.values():
-        scheduled = replace(documents, tiles=(tile_key(kernel_pass, expected),))
-        assert decide(masks=scheduled) == expected
-        assert decide(masks=replace(scheduled, window_size=256)) == expected
+        # Under documents the forward takes one math warpgroup (64 rows); the other passes their tables' tiles.
+        for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, None, documents=True)
+        assert for_documents.block_m == (64 if kernel_pass == "fwd_hopper" else expected.block_m)
+        scheduled = replace(documents, tiles=(tile_key(kernel_pass, for_documents),))
+        assert decide(masks=scheduled) == for_documents
+        assert decide(masks=replace(scheduled, window_size=256)) == for_documents
         assert decide(masks=scheduled, causal=False) is None
+        assert decide(masks=replace(documents, tiles=(tile_key(kernel_pass, expected),))) == (
+            expected if for_documents == expected else None
+        )  # a schedule for other tiles does not serve
         blocks = replace(launch.NO_MASKS, block_mask=torch.ones(1, 128, 128, dtype=torch.bool))
         fitted = launch.fit_gluon_to_blocks(kernel_pass, expected, 128)  # tiles that 128-token blocks hold whole
         assert fitted is not None and 128 % fitted.block_m == 0 and 128 % fitted.block_n == 0
@@ -281,3 +287,11 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     fitted = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=128)
     assert fitted and all(128 % row_tile == 0 and 128 % col_tile == 0 for _, row_tile, col_tile in fitted)
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=40) == ()
+    # Under documents, the forward's programs of one math warpgroup (64 rows); the other passes' tiles unchanged.
+    with_documents = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, documents=True)
+    forward = hopper_config("fwd_hopper", 64, "bfloat16", True, dropout, 16384)
+    plain = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384)
+    if forward is None:  # with dropout the forward is the Triton one
+        assert with_documents == plain
+    else:
+        assert with_documents == (("queries", 64, forward.block_n), *plain[1:])
