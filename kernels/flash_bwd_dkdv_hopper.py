@@ -49,7 +49,11 @@ that takes registers the 64 × 128 tile does not have (ptxas spills inside the w
 there; against the Triton dK/dV pass with dropout the pass ran 1.15–1.33× faster at D = 64 and 1.17–1.23× at
 D = 128 (`results/tuning/h200-2026-11-27-dkdv-dropout/`).
 
-Dense (no window, document or block mask), bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T:
+Masks (causal): under a sliding window, documents or a block mask each warpgroup walks three runs of the program's
+query tiles, masked, mask-free and masked (`query_runs`; under a block mask, positions of the key tile's kept-tile
+list, `kept_query_runs`), and hands the tiles outside them back unread.
+
+Dense or masked, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T:
 rows past T arrive as zeros with LSE = +inf, so their P is 0. The tensors must suit tensor descriptors
 (`launch.hopper_launch_config` checks).
 Gluon has no interpreter path: the CPU tests compile this pass for sm_90a (`tests/test_kernel_codegen.py`), and

@@ -28,12 +28,13 @@ faster at D = 128, and 0.98–1.05× at D = 64, where the table takes it only at
 (`results/tuning/h200-2026-11-27-dq-dropout/`).
 
 Launched with maxnreg = 128 so that two programs share an SM; the producer's registers go to the consumer (232).
-BLOCK_M is a multiple of 16 × num_warps (of 32 with dropout: a draw spans 32 queries). Dense (no window, document
-or block mask), bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T: key rows past Tk arrive as
-zeros and are masked; query rows past Tq are computed with LSE = +inf (P = 0) and not stored. The tensors must
-suit tensor descriptors (`launch.hopper_launch_config` checks). Gluon has no interpreter path: the CPU tests compile
-this pass for sm_90a (`tests/test_kernel_codegen.py`), and `scripts/bench_attention.py` checks it against the
-reference on the GPU.
+BLOCK_M is a multiple of 16 × num_warps (of 32 with dropout: a draw spans 32 queries). Dense, or causal under a
+sliding window, documents and a block mask, walked in masked, mask-free and masked runs as in
+`flash_fwd_hopper.py` (from the top down). bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T: key
+rows past Tk arrive as zeros and are masked; query rows past Tq are computed with LSE = +inf (P = 0) and not
+stored. The tensors must suit tensor descriptors (`launch.hopper_launch_config` checks). Gluon has no interpreter
+path: the CPU tests compile this pass for sm_90a (`tests/test_kernel_codegen.py`), and
+`scripts/bench_attention.py` checks it against the reference on the GPU.
 """
 
 from triton.experimental import gluon

@@ -1,7 +1,7 @@
 """The forward for Hopper, in Gluon: warp-specialised, one to three math warpgroups a program, every product
 asynchronous.
 
-Same math as `flash_fwd.py` (base 2, log2 e folded into the scale), dense and without dropout:
+Same math as `flash_fwd.py` (base 2, log2 e folded into the scale), without dropout:
 
     s = q·kᵀ,  m' = max(m, rowmax(s)·scale·log2 e),  p = exp2(s·scale·log2 e − m'),  α = exp2(m − m'),
     l' = α·l + rowsum(p),  acc' = α·acc + p·v;   at the end O = acc / l and LSE = (m + log2 l)·ln 2
@@ -19,6 +19,11 @@ Same math as `flash_fwd.py` (base 2, log2 e folded into the scale), dense and wi
   its running max is used and the in-flight accumulator never merges with registers the warps wrote (which makes
   ptxas serialise every product of the kernel: warning C7515); then the tiles every row sees whole, without
   masks; then the tiles crossing the causal diagonal or the end of the keys.
+- **Masks** (causal): under a sliding window, documents or a block mask a program walks three runs of key tiles,
+  masked, mask-free and masked (`gluon_common.masked_key_runs`): its causal range intersected with the window's,
+  the documents' schedule ranges for its tile and, under a block mask, the tiles its kept-tile list holds (the runs
+  as positions in that list, `gluon_common.kept_runs`). The first tile then need not hold a key every row sees,
+  so masked steps keep the exponents of rows that have seen nothing at 0 (`_softmax`).
 - O leaves by a TMA store from Q's buffer, whole lines at a time, where stores from the accumulator's registers
   would write 16-byte pieces of many rows.
 
