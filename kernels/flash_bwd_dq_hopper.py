@@ -50,12 +50,10 @@ from triton.runtime.jit import constexpr_function
 
 from .gluon_common import (
     LOG2E,
-    kept_runs,
     kept_tile,
     key_tiles,
     load_head_tile,
-    load_range,
-    masked_key_runs,
+    masked_query_tile,
     mma_layout,
     query_tile_program,
     store_head_tile,
@@ -338,29 +336,34 @@ def flash_bwd_dq_hopper_kernel(
 
     # Key tiles [b, t_hi) cross the diagonal or the end of the keys, [a, b) are seen whole by every row, and (under
     # a window or documents) [t_lo, a) cross its lower edge or a document's start.
-    if DOCS:
-        docs = DocIds + b.to(gl.int64) * stride_doc
-        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + start_m // BLOCK_M * 4)
-    else:
-        docs = 0
-        doc_range = 0
-    if SPARSE:
-        row_tile = start_m // BLOCK_M
-        kept = (
-            KeptIndex + h * stride_index_h + row_tile * stride_index_r,
-            gl.load(KeptCount + h * stride_count_h + row_tile),
-        )
-    else:
-        kept = (0, 0)
     if WINDOW or DOCS or SPARSE:
-        runs = masked_key_runs(start_m, seq_len_q, seq_len_k, window_size, doc_range, BLOCK_M, BLOCK_N, WINDOW, DOCS)
-        if SPARSE:
-            runs = kept_runs(runs, kept[0], kept[1])
+        docs, kept, runs = masked_query_tile(
+            start_m,
+            b,
+            h,
+            seq_len_q,
+            seq_len_k,
+            window_size,
+            DocIds,
+            stride_doc,
+            DocRanges,
+            stride_ranges,
+            KeptCount,
+            KeptIndex,
+            stride_count_h,
+            stride_index_h,
+            stride_index_r,
+            BLOCK_M,
+            BLOCK_N,
+            WINDOW,
+        )
         t_lo, a, b_full, t_hi = runs
         # A walk takes at least one step (`kept_tile`): with no kept tile, one masked whole.
         walk = (t_hi - b_full, t_hi - a, gl.maximum(t_hi - t_lo, 1), t_hi)
         walk_lo = t_lo
     else:
+        docs = 0
+        kept = (0, 0)
         n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
         walk = (n_tiles - n_full, n_tiles, n_tiles, n_tiles)
         walk_lo = 0

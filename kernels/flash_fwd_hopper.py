@@ -45,12 +45,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .gluon_common import (
     LOG2E,
-    kept_runs,
     kept_tile,
     key_tiles,
     load_head_tile,
-    load_range,
-    masked_key_runs,
+    masked_query_tile,
     mma_layout,
     query_tile_program,
     store_head_tile,
@@ -322,25 +320,30 @@ def flash_fwd_hopper_kernel(
         mbarrier.init(ring[2].index(i), count=CONSUMERS)  # every math warpgroup hands the buffer back
     fence_async_shared()
 
-    if DOCS:
-        docs = DocIds + b.to(gl.int64) * stride_doc
-        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + start_m // BLOCK_M * 4)
-    else:
-        docs = 0
-        doc_range = 0
-    if SPARSE:
-        row_tile = start_m // BLOCK_M
-        kept = (
-            KeptIndex + h * stride_index_h + row_tile * stride_index_r,
-            gl.load(KeptCount + h * stride_count_h + row_tile),
+    if WINDOW or DOCS or SPARSE:
+        docs, kept, tiles = masked_query_tile(
+            start_m,
+            b,
+            h,
+            seq_len_q,
+            seq_len_k,
+            window_size,
+            DocIds,
+            stride_doc,
+            DocRanges,
+            stride_ranges,
+            KeptCount,
+            KeptIndex,
+            stride_count_h,
+            stride_index_h,
+            stride_index_r,
+            BLOCK_M,
+            BLOCK_N,
+            WINDOW,
         )
     else:
+        docs = 0
         kept = (0, 0)
-    if WINDOW or DOCS or SPARSE:
-        tiles = masked_key_runs(start_m, seq_len_q, seq_len_k, window_size, doc_range, BLOCK_M, BLOCK_N, WINDOW, DOCS)
-        if SPARSE:
-            tiles = kept_runs(tiles, kept[0], kept[1])
-    else:
         n_tiles, n_full = key_tiles(start_m, seq_len_q, seq_len_k, BLOCK_M, BLOCK_N, CAUSAL)
         tiles = (0, 0, n_full, n_tiles)
     shift = seq_len_k - seq_len_q

@@ -139,6 +139,52 @@ def masked_key_runs(
 
 
 @gluon.jit
+def masked_query_tile(
+    start_m,
+    b,
+    h,
+    seq_len_q,
+    seq_len_k,
+    window_size,
+    DocIds,
+    stride_doc,
+    DocRanges,
+    stride_ranges,
+    KeptCount,
+    KeptIndex,
+    stride_count_h,
+    stride_index_h,
+    stride_index_r,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    WINDOW: gl.constexpr,
+):
+    """For a pass whose programs own query tile [start_m, start_m + BLOCK_M) of head (b, h), under masks (causal; a
+    sliding window, and DocIds and KeptIndex where not None, with their schedules for this tiling): (docs, kept,
+    runs), the batch's document ids (0 without), the tile's kept-tile list (kept, n_kept) ((0, 0) without a block
+    mask), and its key tiles' runs (`masked_key_runs`; under a block mask as positions in the list, `kept_runs`)."""
+    DOCS: gl.constexpr = DocIds is not None
+    SPARSE: gl.constexpr = KeptIndex is not None
+    row_tile = start_m // BLOCK_M
+    if DOCS:
+        docs = DocIds + b.to(gl.int64) * stride_doc
+        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + row_tile * 4)
+    else:
+        docs = 0
+        doc_range = 0
+    runs = masked_key_runs(start_m, seq_len_q, seq_len_k, window_size, doc_range, BLOCK_M, BLOCK_N, WINDOW, DOCS)
+    if SPARSE:
+        kept = (
+            KeptIndex + h * stride_index_h + row_tile * stride_index_r,
+            gl.load(KeptCount + h * stride_count_h + row_tile),
+        )
+        runs = kept_runs(runs, kept[0], kept[1])
+    else:
+        kept = (0, 0)
+    return docs, kept, runs
+
+
+@gluon.jit
 def lower_bound(sorted_ptr, n, value):
     """The first position in the ascending sorted_ptr[0:n] whose entry is ≥ value (n if none): binary search."""
     lo = n * 0
