@@ -481,9 +481,9 @@ def _backward_schedule(q, k, v, o, do, params: AttentionParams, masks: FlashMask
     """(the Gluon fused pass's configuration or None, whether the backward is the fused one). The fused backward
     sums dQ in an order that varies between runs: only where determinism is not asked for. Its Gluon pass, where
     the table lists it for the shape, comes before the Triton one. Without dropout, masks that the Gluon split
-    passes take (a window, documents) take the split backward: with documents at 16K and 64K, fwd+bwd through the
-    Gluon passes ran 1.14x and 1.15x the Triton forward and fused backward; with dropout the split backward lost to
-    the fused one there by up to 5% (`results/tuning/h200-2026-11-27-gluon-documents/`)."""
+    passes take (a window, documents, a block mask) take the split backward: with documents at 16K and 64K,
+    fwd+bwd through the Gluon passes ran 1.14x and 1.15x the Triton forward and fused backward; with dropout the
+    split backward lost to the fused one there by up to 5% (`results/tuning/h200-2026-11-27-gluon-documents/`)."""
     if deterministic:
         return None, False
     fused_hopper = hopper_launch_config("bwd_fused_hopper", q, k, v, o, do, params, masks)

@@ -204,9 +204,9 @@ def launch_tiles(
     documents: bool = False,
 ) -> tuple[TileKey, ...]:
     """The tiling each of `passes` launches with (`config_for`; seq_len_bucket: `tuning.seq_len_bucket` of Tk), and
-    that of its Gluon pass where one may take the call instead (`hopper_launch_config`: without a block mask, i.e.
-    block_size None). A constant to torch.compile, which then neither traces the table lookup (it reads a file) nor
-    guards on more than the T bucket."""
+    on a Hopper GPU that of its Gluon pass, which may take the call instead (`gluon_tiles`; block_size: a block
+    mask's, documents: whether there are document ids). A constant to torch.compile, which then neither traces the
+    table lookup (it reads a file) nor guards on more than the T bucket."""
     device = torch.device(device_type, device_index)
     tiles = tuple(
         tile_key(p, config_for(p, head_dim, dtype, device, causal, dropout, seq_len_bucket, block_size)) for p in passes
@@ -227,8 +227,8 @@ def gluon_tiles(
     documents: bool = False,
 ) -> tuple[TileKey, ...]:
     """The tilings of the Gluon passes that may take the place of `passes` under masks on a Hopper GPU
-    (`_gluon_masks`): those the table lists for the shape, causal, bf16 or fp16, fitted to a block mask's
-    block_size (`fit_gluon_to_blocks`)."""
+    (`_gluon_masks`): those the table lists for the shape, causal, bf16 or fp16, fitted to the masks
+    (`fit_gluon_to_masks`)."""
     if not causal or dtype not in (torch.bfloat16, torch.float16):
         return ()
     tiles = []
@@ -472,7 +472,8 @@ def hopper_launch_config(
     interpreter, with the masks it takes (`_gluon_masks`), with dropout the backward passes (which draw the mask
     themselves), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit (o: the forward's output or
     the backward's input; do: the backward's, None for the forward), a shape the table measured it faster for
-    (masked calls take the dense configuration), and the tested Triton. Else None."""
+    (masked calls take the dense configuration, fitted to the masks: `fit_gluon_to_masks`), and the tested
+    Triton. Else None."""
     # The kernel is looked up by name, so that a test can take one away as another Triton release would.
     if globals()[f"flash_{kernel_pass}_kernel"] is None or q.dtype not in (torch.bfloat16, torch.float16):
         return None
