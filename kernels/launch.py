@@ -244,20 +244,24 @@ def gluon_tiles(
 def fit_gluon_to_masks(
     kernel_pass: str, cfg: LaunchConfig, block_size: int | None, documents: bool
 ) -> LaunchConfig | None:
-    """The configuration of a Gluon pass under masks: under a block mask, `fit_gluon_to_blocks`; under documents
-    the forward's programs of one math warpgroup (64 rows: 192 span more documents, whose edges cost whole
-    tiles)."""
-    if documents and kernel_pass == "fwd_hopper":
+    """The configuration of a Gluon pass under masks (causal, with a window, documents or a block mask): the
+    forward's programs of three math warpgroups (192 rows) drop to one (64 rows), since a taller tile spans more of
+    the masks' edges, each costing it whole tiles; under documents the dQ pass takes 64-key tiles; under a block
+    mask, tiles that its blocks hold whole (`fit_gluon_to_blocks`). Same-process A/Bs:
+    `results/tuning/h200-2026-11-27-mask-tiles/`."""
+    if kernel_pass == "fwd_hopper" and cfg.block_m > 128:
         cfg = replace(cfg, block_m=64)
+    elif documents and kernel_pass == "bwd_dq_hopper":
+        cfg = replace(cfg, block_n=64)
     return cfg if block_size is None else fit_gluon_to_blocks(kernel_pass, cfg, block_size)
 
 
 def fit_gluon_to_blocks(kernel_pass: str, cfg: LaunchConfig, block_size: int) -> LaunchConfig | None:
     """The configuration of a Gluon pass under a block mask: its tiles must divide block_size, since it walks the
     kept tiles whole, with no per-element lookup. A program of several math warpgroups whose tile does not (the
-    forward's 192 rows, the dK/dV pass's 192 keys) drops to the table's one-warpgroup tiles (64 × 128 and 64 × 64:
-    its 4K configurations at D = 64); None where those do not divide it either (the Triton passes then take the
-    call)."""
+    dK/dV pass's 192 keys; a forward's 128 rows for 64-token blocks) drops to the table's one-warpgroup tiles
+    (64 × 128 and 64 × 64: its 4K configurations at D = 64); None where those do not divide it either (the Triton
+    passes then take the call)."""
     if block_size % cfg.block_m or block_size % cfg.block_n:
         if kernel_pass == "fwd_hopper":
             cfg = replace(cfg, block_m=64)

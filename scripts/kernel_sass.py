@@ -104,8 +104,12 @@ def compile_passes(
                              hopper=True)  # fmt: skip
 
     def hopper_cfg(kernel_pass: str) -> LaunchConfig | None:
-        cfg = config or hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len)
-        return launch.fit_gluon_to_blocks(kernel_pass, cfg, 128) if cfg and mask == "blocks" else cfg
+        if config is not None:
+            return config
+        cfg = hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len)
+        if cfg is None or mask == "none":
+            return cfg
+        return launch.fit_gluon_to_masks(kernel_pass, cfg, 128 if mask == "blocks" else None, mask == "documents")
 
     gluon_tiles = tuple(tile_key(p, hopper_cfg(p)) for p in passes if p in HOPPER_PASSES and hopper_cfg(p))
     masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in TRITON_PASSES) + gluon_tiles)

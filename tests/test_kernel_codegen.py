@@ -36,6 +36,8 @@ CASES = {  # kernel_sass.py's arguments
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
     "D64 8K Gluon blocks": "--head-dim 64 --seq-len 8192 --mask blocks "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
+    "D128 4K Gluon documents": "--head-dim 128 --seq-len 4096 --mask documents "
+    "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",  # the forward's two math warpgroups under a mask
 }
 
 
@@ -46,8 +48,8 @@ CASES = {  # kernel_sass.py's arguments
 # (the mask's counters and stream beside dK and dV) it reloads one word a query tile inside the walk, at both head
 # dims (results/tuning/h200-2026-11-27-dkdv-dropout/). The Gluon dQ pass with dropout at D = 64 keeps two words
 # across its walk, and so does the Gluon fused backward with dropout. Under a sliding window the dK/dV pass keeps
-# the bounds of its runs (stored before the walk, reloaded after each loop, never inside one), and under
-# documents the forward and dQ passes keep a few words of their ranges outside their walks.
+# the bounds of its runs (stored before the walk, reloaded after each loop, never inside one). At D = 128 under
+# documents it spills inside its walk too (80 bytes, unmeasured: the next thing to look at there).
 KNOWN_SPILLS = {
     ("D64 4K dropout documents", "bwd_fused"): 72,
     ("D128 16K blocks", "bwd_dkdv"): 16,
@@ -58,8 +60,7 @@ KNOWN_SPILLS = {
     ("D128 4K Gluon dropout", "bwd_dkdv_hopper"): 16,
     ("D64 8K Gluon window", "bwd_dkdv_hopper"): 24,
     ("D128 4K Gluon window dropout", "bwd_dkdv_hopper"): 24,
-    ("D64 16K Gluon documents", "fwd_hopper"): 8,
-    ("D64 16K Gluon documents", "bwd_dq_hopper"): 32,
+    ("D128 4K Gluon documents", "bwd_dkdv_hopper"): 80,
 }
 
 

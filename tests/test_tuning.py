@@ -227,14 +227,20 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
         if dropout:
             assert any(cfg is not None for cfg in listed) == (kernel_pass in HOPPER_DROPOUT_PASSES)
     window = replace(launch.NO_MASKS, window_size=256)
-    assert decide(masks=window) == (None if kernel_pass == "bwd_fused_hopper" else expected)
+    assert (decide(masks=window) is None) == (kernel_pass == "bwd_fused_hopper")
     assert decide(masks=window, causal=False) is None
     documents = replace(launch.NO_MASKS, document_ids=torch.zeros(1, 16384, dtype=torch.int32))
     assert decide(masks=documents) is None  # no schedule for the pass's tiling
     if expected is not None and kernel_pass in launch.GLUON_PASSES.values():
-        # Under documents the forward takes one math warpgroup (64 rows); the other passes their tables' tiles.
+        # Under masks the forward's three math warpgroups (192 rows) drop to one (64 rows); under documents the
+        # dQ pass takes 64-key tiles; the dK/dV pass keeps its table's tiles.
         for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, None, documents=True)
-        assert for_documents.block_m == (64 if kernel_pass == "fwd_hopper" else expected.block_m)
+        for_window = launch.fit_gluon_to_masks(kernel_pass, expected, None, documents=False)
+        rows = 64 if kernel_pass == "fwd_hopper" and expected.block_m == 192 else expected.block_m
+        assert for_window == replace(expected, block_m=rows)
+        keys = 64 if kernel_pass == "bwd_dq_hopper" else expected.block_n
+        assert for_documents == replace(expected, block_m=rows, block_n=keys)
+        assert decide(masks=window) == for_window
         scheduled = replace(documents, tiles=(tile_key(kernel_pass, for_documents),))
         assert decide(masks=scheduled) == for_documents
         assert decide(masks=replace(scheduled, window_size=256)) == for_documents
@@ -267,19 +273,29 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
 @pytest.mark.parametrize("dropout", [False, True])
 def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_take_it(dropout):
     """`launch.gluon_tiles`, which `flash_mask` adds to the tilings it builds schedules for on a Hopper GPU: the
-    tiling of each Gluon pass that the table lists for the shape (with dropout: those that draw the mask), and
-    none for a call the Gluon passes never take (not causal, fp32)."""
+    tiling of each Gluon pass that the table lists for the shape (with dropout: those that draw the mask) as masks
+    fit it (the forward's 192 rows drop to 64; under documents the dQ pass takes 64-key tiles), and none for a call
+    the Gluon passes never take (not causal, fp32)."""
+    from dataclasses import replace
+
     from flashgpt.kernels import launch
 
-    for seq_len in SEQ_LEN_BUCKETS:
-        expected = []
+    def expected(seq_len: int, documents: bool) -> tuple:
+        tiles = []
         for kernel_pass in PASSES:
             name = launch.GLUON_PASSES.get(kernel_pass)
             cfg = hopper_config(name, 64, "bfloat16", True, dropout, seq_len) if name else None
             if cfg is not None:
-                expected.append(tile_key(name, cfg))
-        assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, seq_len) == tuple(expected)
-        assert launch.gluon_tiles(PASSES, 64, torch.float16, True, dropout, seq_len) == tuple(expected)
+                rows = 64 if name == "fwd_hopper" else cfg.block_m
+                keys = 64 if name == "bwd_dq_hopper" and documents else cfg.block_n
+                tiles.append(tile_key(name, replace(cfg, block_m=rows, block_n=keys)))
+        return tuple(tiles)
+
+    for seq_len in SEQ_LEN_BUCKETS:
+        assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, seq_len) == expected(seq_len, False)
+        assert launch.gluon_tiles(PASSES, 64, torch.float16, True, dropout, seq_len) == expected(seq_len, False)
+        with_documents = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, seq_len, documents=True)
+        assert with_documents == expected(seq_len, True)
         assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, False, dropout, seq_len) == ()
         assert launch.gluon_tiles(PASSES, 64, torch.float32, True, dropout, seq_len) == ()
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384)  # the table lists D = 64 at 16K
@@ -287,11 +303,3 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     fitted = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=128)
     assert fitted and all(128 % row_tile == 0 and 128 % col_tile == 0 for _, row_tile, col_tile in fitted)
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=40) == ()
-    # Under documents, the forward's programs of one math warpgroup (64 rows); the other passes' tiles unchanged.
-    with_documents = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, documents=True)
-    forward = hopper_config("fwd_hopper", 64, "bfloat16", True, dropout, 16384)
-    plain = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384)
-    if forward is None:  # with dropout the forward is the Triton one
-        assert with_documents == plain
-    else:
-        assert with_documents == (("queries", 64, forward.block_n), *plain[1:])
