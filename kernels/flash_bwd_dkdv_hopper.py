@@ -79,6 +79,7 @@ from .gluon_common import (
     lower_bound,
     mma_layout,
     store_head_tile,
+    tile_and_head,
     tile_layout,
 )
 from .gluon_dropout import keep_mask_t
@@ -441,9 +442,10 @@ def flash_bwd_dkdv_hopper_kernel(
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
     WINDOW: gl.constexpr,
+    HEADS_FASTEST: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """dK, dV (B, H, Tk, D) of the key tile program_id(0) (64 · CONSUMERS keys) of head program_id(1), from Q, dO
+    """dK, dV (B, H, Tk, D) of a key tile (64 · CONSUMERS keys) of a head (`tile_and_head`), from Q, dO
     (B, H, Tq, D), K and V (B, H, Tk, D), the forward's LSE and δ = rowsum(dO ∘ O) − dlse (B·H·Tq fp32 each, as the
     dQ pass leaves them). Q and dO arrive as descriptors in tiles of (1, 1, BLOCK_M, D), K and V in tiles of
     (1, 1, 64, D), and dK and dV leave through descriptors of K's tiles, all made on the host
@@ -458,10 +460,10 @@ def flash_bwd_dkdv_hopper_kernel(
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # a warpgroup's
     BLOCK_N: gl.constexpr = KEYS * CONSUMERS
     gl.static_assert(CONSUMERS <= 3, "one to three math warpgroups")
-    bh = gl.program_id(1)
+    tile, bh = tile_and_head(HEADS_FASTEST)
     b = bh // n_heads
     h = bh % n_heads
-    start_n = gl.program_id(0) * BLOCK_N
+    start_n = tile * BLOCK_N
 
     kv_layout: gl.constexpr = tile_layout(KEYS, HEAD_DIM, dtype)
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
@@ -477,7 +479,7 @@ def flash_bwd_dkdv_hopper_kernel(
     hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
     if DOCS:
         docs = DocIds + b.to(gl.int64) * stride_doc
-        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + gl.program_id(0) * 4)
+        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + tile * 4)
     else:
         docs = 0
         doc_range = 0
@@ -495,8 +497,8 @@ def flash_bwd_dkdv_hopper_kernel(
         lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
     n_tiles = (hi - lo) // BLOCK_M
     if SPARSE:  # the walk goes through the kept query tiles from lo to hi: n_tiles positions of the list from p_lo
-        kept_ptr = KeptIndex + h * stride_index_h + gl.program_id(0) * stride_index_r
-        n_kept = gl.load(KeptCount + h * stride_count_h + gl.program_id(0))
+        kept_ptr = KeptIndex + h * stride_index_h + tile * stride_index_r
+        n_kept = gl.load(KeptCount + h * stride_count_h + tile)
         p_lo = lower_bound(kept_ptr, n_kept, lo // BLOCK_M)
         n_tiles = gl.maximum(lower_bound(kept_ptr, n_kept, hi // BLOCK_M) - p_lo, 1)
         kept = (kept_ptr, n_kept, p_lo)

@@ -302,9 +302,10 @@ def flash_bwd_dq_hopper_kernel(
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     WINDOW: gl.constexpr,
+    HEADS_FASTEST: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """dQ (B, H, Tq, D) and δ (B·H·Tq fp32) of the query tile program_id(0) of head program_id(1), from Q, dO, O
+    """dQ (B, H, Tq, D) and δ (B·H·Tq fp32) of a query tile of a head (`query_tile_program`), from Q, dO, O
     (B, H, Tq, D), K, V (B, H, Tk, D), the forward's LSE and, if not None, its gradient DLSE (B·H·Tq fp32 each).
     Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host, and dQ leaves
     through one of Q's tiles (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ. With
@@ -317,7 +318,7 @@ def flash_bwd_dq_hopper_kernel(
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    start_m, b, h, bh = query_tile_program(seq_len_q, n_heads, BLOCK_M, CAUSAL)
+    start_m, b, h, bh = query_tile_program(seq_len_q, n_heads, BLOCK_M, CAUSAL, HEADS_FASTEST)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype))
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout(BLOCK_M, HEAD_DIM, dtype))

@@ -286,10 +286,11 @@ def flash_fwd_hopper_kernel(
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
     WINDOW: gl.constexpr,
+    HEADS_FASTEST: gl.constexpr,
 ):
-    """O (B, H, Tq, D) and LSE (B·H·Tq fp32) of the query tile program_id(0) (64 · CONSUMERS rows) of head
-    program_id(1), from tensor descriptors of Q (B, H, Tq, D) in tiles of (1, 1, 64, D) and K, V (B, H, Tk, D) in
-    tiles of (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`). With CAUSAL, two more masks:
+    """O (B, H, Tq, D) and LSE (B·H·Tq fp32) of a query tile (64 · CONSUMERS rows) of a head (`query_tile_program`),
+    from tensor descriptors of Q (B, H, Tq, D) in tiles of (1, 1, 64, D) and K, V (B, H, Tk, D) in tiles of
+    (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`). With CAUSAL, two more masks:
     WINDOW, each query sees only the window_size keys up to its own position; DocIds (B, Tk) int32 (else None), a
     query sees only the keys of its own document, with DocRanges the documents' schedule for this tiling (B, query
     tiles, 4) int32 (`tile_schedule.py`); KeptIndex (H or 1, query tiles, key tiles) int32 (else None), a block
@@ -301,7 +302,7 @@ def flash_fwd_hopper_kernel(
     BLOCK_M: gl.constexpr = ROWS * CONSUMERS
     gl.static_assert(CONSUMERS <= 3, "one to three math warpgroups")
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    start_m, b, h, bh = query_tile_program(seq_len_q, n_heads, BLOCK_M, CAUSAL)
+    start_m, b, h, bh = query_tile_program(seq_len_q, n_heads, BLOCK_M, CAUSAL, HEADS_FASTEST)
     layout: gl.constexpr = tile_layout(ROWS, HEAD_DIM, dtype)  # BLOCK_N rows share it: the swizzle spans 8 rows
 
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_DIM], layout)

@@ -62,13 +62,24 @@ def reduce_add_head_tile(desc, b, h, row, src):
 
 
 @gluon.jit
-def query_tile_program(seq_len_q, n_heads, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """(start_m, b, h, bh) of this program's query tile, for the passes whose programs own query rows:
-    program_id(0) counts query tiles (causal: from the last, which sees the most key tiles, so that those launch
-    first) and program_id(1) = b · H + h."""
+def tile_and_head(HEADS_FASTEST: gl.constexpr):
+    """(tile, b · H + h) of this program, in a grid of (tiles, B·H), or with HEADS_FASTEST of (B·H, tiles)
+    (`launch.heads_fastest`)."""
+    if HEADS_FASTEST:
+        tile, bh = gl.program_id(1), gl.program_id(0)
+    else:
+        tile, bh = gl.program_id(0), gl.program_id(1)
+    return tile, bh
+
+
+@gluon.jit
+def query_tile_program(seq_len_q, n_heads, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, HEADS_FASTEST: gl.constexpr):
+    """(start_m, b, h, bh) of this program's query tile, for the passes whose programs own query rows: its tile
+    (`tile_and_head`) counts query tiles, causal from the last, which sees the most key tiles, so that those launch
+    first."""
+    tile, bh = tile_and_head(HEADS_FASTEST)
     n_blocks_m = gl.cdiv(seq_len_q, BLOCK_M)
-    pid_m = (n_blocks_m - 1 - gl.program_id(0)) if CAUSAL else gl.program_id(0)
-    bh = gl.program_id(1)
+    pid_m = (n_blocks_m - 1 - tile) if CAUSAL else tile
     return pid_m * BLOCK_M, bh // n_heads, bh % n_heads, bh
 
 

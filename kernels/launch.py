@@ -244,13 +244,15 @@ def gluon_tiles(
 def fit_gluon_to_masks(
     kernel_pass: str, cfg: LaunchConfig, block_size: int | None, documents: bool
 ) -> LaunchConfig | None:
-    """The configuration of a Gluon pass under masks (causal, with a window, documents or a block mask): the
-    forward's programs of three math warpgroups (192 rows) drop to one (64 rows), since a taller tile spans more of
-    the masks' edges, each costing it whole tiles; under documents the dQ pass takes 64-key tiles; under a block
-    mask, tiles that its blocks hold whole (`fit_gluon_to_blocks`). Same-process A/Bs:
-    `results/tuning/h200-2026-11-27-mask-tiles/`."""
+    """The configuration of a Gluon pass under masks (causal, with a window, documents or a block mask): programs
+    of three math warpgroups drop to one (the forward's 192 rows to 64, the dK/dV pass's 32 × 192 tiles to
+    64 × 64), since a taller tile spans more of the masks' edges, each costing it whole tiles; under documents the
+    dQ pass takes 64-key tiles; under a block mask, tiles that its blocks hold whole (`fit_gluon_to_blocks`).
+    Same-process A/Bs: `results/tuning/h200-2026-11-27-mask-tiles/`."""
     if kernel_pass == "fwd_hopper" and cfg.block_m > 128:
         cfg = replace(cfg, block_m=64)
+    elif kernel_pass == "bwd_dkdv_hopper" and cfg.block_n > 128:
+        cfg = replace(cfg, block_m=64, block_n=64)
     elif documents and kernel_pass == "bwd_dq_hopper":
         cfg = replace(cfg, block_n=64)
     return cfg if block_size is None else fit_gluon_to_blocks(kernel_pass, cfg, block_size)
@@ -495,6 +497,23 @@ def hopper_launch_config(
     return cfg if _descriptors_fit(*(t for t in (q, k, v, o, do) if t is not None)) else None
 
 
+def heads_fastest(kernel_pass: str, masks: FlashMask) -> bool:
+    """Whether the Gluon pass `kernel_pass` (forward, dQ or dK/dV) launches a grid of (B·H, tiles) rather than
+    (tiles, B·H) under these masks (`gluon_common.tile_and_head`). A grid of (tiles, B·H) runs a head's programs
+    together, so that they share its rows in L2; but walks under documents differ in length by up to T / tile, and
+    in that grid the last heads' longest walks start last and finish long after the rest. In a grid of (B·H, tiles)
+    every head's tile t launches before any head's t + 1: documents ran 1.11-1.15x faster at 16K, every pass
+    alike. Block masks keep (tiles, B·H): with a global column (local + global) the dK/dV pass would gain 1.19x at
+    16K, but strided walks reach across the keys, and spread over every head they lose L2 (0.96-0.99x for the
+    dK/dV pass alone, 0.89-0.94x for all three; `results/tuning/h200-2026-11-27-grid-masks/`)."""
+    return masks.document_ids is not None
+
+
+def gluon_grid(tiles: int, batch_heads: int, heads_first: bool) -> tuple[int, int]:
+    """The grid of a Gluon forward, dQ or dK/dV pass (heads_first: `heads_fastest`)."""
+    return (batch_heads, tiles) if heads_first else (tiles, batch_heads)
+
+
 def _gluon_mask_args(masks: FlashMask, kernel_pass: str, cfg: LaunchConfig) -> tuple:
     """(window_size, DocIds, stride, DocRanges, stride, KeptCount, KeptIndex, stride_h, stride_h, stride_row) of a
     Gluon pass (`_gluon_masks`): 0 without a window, None for the tensors of masks not given; the document ranges
@@ -523,12 +542,14 @@ def launch_forward_hopper(
     cfg.block_m // 64 math warpgroups of 64 query rows each, which store O by TMA: o must suit a tensor descriptor
     (`hopper_launch_config` checks, given o and the masks)."""
     batch, heads, seq_len_q, _ = q.shape
+    first = heads_fastest("fwd_hopper", masks)
+    grid = gluon_grid(_cdiv(seq_len_q, cfg.block_m), batch * heads, first)
     return _launch(
-        flash_fwd_hopper_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), head_descriptor(q, 64),
-        head_descriptor(k, cfg.block_n), head_descriptor(v, cfg.block_n), head_descriptor(o, 64), lse, heads,
-        seq_len_q, k.shape[2], params.softmax_scale, *_gluon_mask_args(masks, "fwd_hopper", cfg),
-        STAGES=cfg.num_stages, CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal,
-        WINDOW=masks.window_size is not None, num_warps=4, maxnreg=cfg.maxnreg,
+        flash_fwd_hopper_kernel, grid, head_descriptor(q, 64), head_descriptor(k, cfg.block_n),
+        head_descriptor(v, cfg.block_n), head_descriptor(o, 64), lse, heads, seq_len_q, k.shape[2],
+        params.softmax_scale, *_gluon_mask_args(masks, "fwd_hopper", cfg), STAGES=cfg.num_stages,
+        CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal, WINDOW=masks.window_size is not None,
+        HEADS_FASTEST=first, num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
@@ -541,12 +562,14 @@ def launch_dq_hopper(
     batch, heads, seq_len_q, _ = q.shape
     m, n = cfg.block_m, cfg.block_n
     strides = [s for t in (do, o) for s in t.stride()[:3]]  # every D stride is 1
+    first = heads_fastest("bwd_dq_hopper", masks)
     return _launch(
-        flash_bwd_dq_hopper_kernel, (_cdiv(seq_len_q, m), batch * heads), head_descriptor(q, m),
+        flash_bwd_dq_hopper_kernel, gluon_grid(_cdiv(seq_len_q, m), batch * heads, first), head_descriptor(q, m),
         head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), do, o, lse, dlse, delta,
         head_descriptor(dq, m), *strides, heads, seq_len_q, k.shape[2], params.softmax_scale, *params.scalars[1:],
         *_gluon_mask_args(masks, "bwd_dq_hopper", cfg), STAGES=cfg.num_stages, CAUSAL=params.causal,
-        WINDOW=masks.window_size is not None, DROPOUT=params.dropout, num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
+        WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout,
+        num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
@@ -560,13 +583,14 @@ def launch_dkdv_hopper(
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     m, n = cfg.block_m, cfg.block_n
+    first = heads_fastest("bwd_dkdv_hopper", masks)
     return _launch(
-        flash_bwd_dkdv_hopper_kernel, (_cdiv(seq_len_k, n), batch * heads), head_descriptor(q, m),
+        flash_bwd_dkdv_hopper_kernel, gluon_grid(_cdiv(seq_len_k, n), batch * heads, first), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars[1:],
         *_gluon_mask_args(masks, "bwd_dkdv_hopper", cfg), STAGES=cfg.num_stages, CONSUMERS=n // 64,
-        CAUSAL=params.causal, WINDOW=masks.window_size is not None, DROPOUT=params.dropout, num_warps=4,
-        maxnreg=cfg.maxnreg,
+        CAUSAL=params.causal, WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout,
+        num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

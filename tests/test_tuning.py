@@ -232,13 +232,17 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
     documents = replace(launch.NO_MASKS, document_ids=torch.zeros(1, 16384, dtype=torch.int32))
     assert decide(masks=documents) is None  # no schedule for the pass's tiling
     if expected is not None and kernel_pass in launch.GLUON_PASSES.values():
-        # Under masks the forward's three math warpgroups (192 rows) drop to one (64 rows); under documents the
-        # dQ pass takes 64-key tiles; the dK/dV pass keeps its table's tiles.
+        # Under masks programs of three math warpgroups drop to one (the forward's 192 rows to 64, the dK/dV
+        # pass's 32 x 192 tiles to 64 x 64); under documents the dQ pass takes 64-key tiles.
         for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, None, documents=True)
         for_window = launch.fit_gluon_to_masks(kernel_pass, expected, None, documents=False)
-        rows = 64 if kernel_pass == "fwd_hopper" and expected.block_m == 192 else expected.block_m
-        assert for_window == replace(expected, block_m=rows)
-        keys = 64 if kernel_pass == "bwd_dq_hopper" else expected.block_n
+        rows, keys = expected.block_m, expected.block_n
+        if kernel_pass == "fwd_hopper" and rows == 192:
+            rows = 64
+        if kernel_pass == "bwd_dkdv_hopper" and keys == 192:
+            rows, keys = 64, 64
+        assert for_window == replace(expected, block_m=rows, block_n=keys)
+        keys = 64 if kernel_pass == "bwd_dq_hopper" else keys
         assert for_documents == replace(expected, block_m=rows, block_n=keys)
         assert decide(masks=window) == for_window
         scheduled = replace(documents, tiles=(tile_key(kernel_pass, for_documents),))
@@ -274,8 +278,8 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
 def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_take_it(dropout):
     """`launch.gluon_tiles`, which `flash_mask` adds to the tilings it builds schedules for on a Hopper GPU: the
     tiling of each Gluon pass that the table lists for the shape (with dropout: those that draw the mask) as masks
-    fit it (the forward's 192 rows drop to 64; under documents the dQ pass takes 64-key tiles), and none for a call
-    the Gluon passes never take (not causal, fp32)."""
+    fit it (the forward's 192 rows drop to 64, the dK/dV pass's 192 keys to 64 x 64; under documents the dQ pass
+    takes 64-key tiles), and none for a call the Gluon passes never take (not causal, fp32)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -288,6 +292,8 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
             if cfg is not None:
                 rows = 64 if name == "fwd_hopper" else cfg.block_m
                 keys = 64 if name == "bwd_dq_hopper" and documents else cfg.block_n
+                if name == "bwd_dkdv_hopper" and keys == 192:
+                    rows, keys = 64, 64
                 tiles.append(tile_key(name, replace(cfg, block_m=rows, block_n=keys)))
         return tuple(tiles)
 
@@ -303,3 +309,23 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     fitted = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=128)
     assert fitted and all(128 % row_tile == 0 and 128 % col_tile == 0 for _, row_tile, col_tile in fitted)
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=40) == ()
+
+
+def test_masked_gluon_grids_put_heads_fastest_only_under_documents():
+    """`launch.heads_fastest`: under documents, whose walks differ in length, the Gluon passes' grids are
+    (B·H, tiles), so that no head's longest walks start last; dense, windowed and block-masked calls keep
+    (tiles, B·H), whose programs of one head share its rows in L2."""
+    from dataclasses import replace
+
+    from flashgpt.kernels import launch
+
+    documents = replace(launch.NO_MASKS, document_ids=torch.zeros(1, 256, dtype=torch.int32))
+    blocks = replace(launch.NO_MASKS, block_mask=torch.ones(1, 2, 2, dtype=torch.bool))
+    window = replace(launch.NO_MASKS, window_size=64)
+    for kernel_pass in ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper"):
+        assert launch.heads_fastest(kernel_pass, documents)
+        assert launch.heads_fastest(kernel_pass, replace(documents, window_size=64, block_mask=blocks.block_mask))
+        for masks in (launch.NO_MASKS, blocks, window):
+            assert not launch.heads_fastest(kernel_pass, masks)
+    assert launch.gluon_grid(32, 12, heads_first=False) == (32, 12)
+    assert launch.gluon_grid(32, 12, heads_first=True) == (12, 32)

@@ -49,7 +49,15 @@ SECOND = [
     (128, 16384, ["documents", "window_1k", "strided"], ["tuned", "fwd=128x128"]),
     (128, 4096, ["documents", "window_1k", "strided"], ["tuned", "fwd=128x128"]),
 ]
-PLANS = {"first": FIRST, "second": SECOND}
+# --plan third: the dK/dV pass's tiles under documents
+THIRD = [
+    (64, 16384, ["documents"], ["tuned", "dkdv=32x64", "dkdv=32x128", "dkdv=64x128"]),
+    (64, 8192, ["documents"], ["tuned", "dkdv=64x64", "dkdv=32x128", "dq=64x128"]),
+    (128, 16384, ["documents"], ["tuned", "dkdv=32x128", "dq=64x128"]),
+]
+# --plan fourth: the kept fit with the dK/dV rule (192-key programs to 64 x 64 under masks) against the old tiles
+FOURTH = [(64, 8192, ["window_1k", "window_4k", "documents", "strided"], ["tuned", "dkdv=32x192"])]
+PLANS = {"first": FIRST, "second": SECOND, "third": THIRD, "fourth": FOURTH}
 
 
 def parse_variant(spec: str) -> dict[str, tuple[int, int]]:
