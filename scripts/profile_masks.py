@@ -9,8 +9,10 @@ For each mask of bench_masks.py at one T (default 4K; B = 16384 // T, H = 12, D 
 - time: fwd and fwd+bwd wall time (triton's do_bench, median; host-bound calls show their host time), each of our
   kernels' GPU time per fwd+bwd (torch.profiler), and the GPU time per computed tile over the dense kernel's at the
   same T (1.0: a masked tile costs what a dense one does).
-- tile caps: the same call with every pass's tiles capped at --tile-caps rows and columns (the masks' schedules
-  rebuilt for them), in the same process.
+- tile caps: the same call through the Triton passes (the Gluon passes, which take masked calls on a Hopper GPU,
+  taken away) with every pass's tiles capped at --tile-caps rows and columns (the masks' schedules rebuilt for
+  them), in the same process. The Gluon passes' tiles under masks are A/B'd in
+  `results/tuning/h200-2026-11-27-mask-tiles/`.
 
     python scripts/profile_masks.py --seq-len 4096 --out $OUT/profile_masks.json
     ncu --clock-control none -k regex:flash_ --launch-skip 60 --launch-count 4 --section SpeedOfLight \
@@ -34,6 +36,9 @@ from flashgpt.command_line import command_line, csv_list, write_json
 from flashgpt.kernels import launch
 
 TUNED_CONFIG_FOR = launch.config_for
+GLUON_KERNELS = {  # the Gluon passes that take masked calls on a Hopper GPU, by their names in `launch`
+    f"flash_{name}_kernel": getattr(launch, f"flash_{name}_kernel") for name in launch.GLUON_PASSES.values()
+}
 PROFILE = Profile("cuda", torch.bfloat16, block_size=128, check_seq_len=4096, dropout_check_seq_len=1024)
 
 
@@ -85,8 +90,8 @@ def timed(fn, seq_len: int) -> tuple[float, float, dict[str, float]]:
 
 
 def capped_tiles(cap: int | None) -> None:
-    """Make every launch configuration's tiles at most cap rows and columns, or with a negative cap at least −cap
-    (None: the tuned ones)."""
+    """Make every Triton launch configuration's tiles at most cap rows and columns, or with a negative cap at least
+    −cap, and take the Gluon passes away so that the Triton ones take the calls (None: the tuned passes)."""
 
     def config_for(*args, **kwargs):
         cfg = TUNED_CONFIG_FOR(*args, **kwargs)
@@ -95,6 +100,22 @@ def capped_tiles(cap: int | None) -> None:
         return replace(cfg, block_m=min(cfg.block_m, cap), block_n=min(cfg.block_n, cap))
 
     launch.config_for = TUNED_CONFIG_FOR if cap is None else config_for
+    for name, kernel in GLUON_KERNELS.items():
+        setattr(launch, name, kernel if cap is None else None)
+
+
+def forward_tiles(case, seq_len: int) -> tuple[str, int, int]:
+    """(pass, row tile, column tile) of the forward that takes the case's calls: the Gluon one where
+    `launch.hopper_launch_config` gives it the masks, else the Triton one."""
+    from flashgpt.kernels import flash_mask
+
+    mask = flash_mask(seq_len, seq_len, head_dim=HEAD_DIM, dtype=torch.bfloat16, **case.flash_kwargs)
+    q = torch.empty(1, HEADS, seq_len, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    params = launch.AttentionParams(True, 0.0, HEAD_DIM**-0.5)
+    if (cfg := launch.hopper_launch_config("fwd_hopper", q, q, q, q, None, params, mask)) is not None:
+        return "fwd_hopper", cfg.block_m, cfg.block_n
+    cfg = launch.config_for("fwd", HEAD_DIM, torch.bfloat16, q.device, True, False, seq_len)
+    return "fwd", cfg.block_m, cfg.block_n
 
 
 def compiled_kernels() -> list[dict]:
@@ -102,7 +123,8 @@ def compiled_kernels() -> list[dict]:
     from flashgpt.kernels import flash_bwd, flash_fwd
 
     out = []
-    for kernel in (flash_fwd.flash_fwd_kernel, flash_bwd.flash_bwd_dq_kernel, flash_bwd.flash_bwd_dkdv_kernel):
+    triton_kernels = (flash_fwd.flash_fwd_kernel, flash_bwd.flash_bwd_dq_kernel, flash_bwd.flash_bwd_dkdv_kernel)
+    for kernel in (*triton_kernels, *(k for k in GLUON_KERNELS.values() if k is not None)):
         for device_cache in kernel.device_caches.values():
             for key, compiled in device_cache[0].items():
                 out.append({
@@ -119,12 +141,12 @@ def profile_mask(name: str, seq_len: int, caps: list[int | None], dense: dict | 
     row: dict = {"mask": name, "seq_len": seq_len, "batch": batch, "pair_density": case.density, "runs": []}
     for cap in caps:
         capped_tiles(cap)
-        cfg = launch.config_for("fwd", HEAD_DIM, torch.bfloat16, torch.device("cuda", 0), True, False, seq_len)
-        tiles = census(seq_len, case.flash_kwargs, cfg.block_m, cfg.block_n)
+        forward, rows, cols = forward_tiles(case, seq_len)
+        tiles = census(seq_len, case.flash_kwargs, rows, cols)
         fwd, both, kernels = timed(flash_fn(case, 0.0, seq_len, torch.bfloat16), seq_len)
         gpu = sum(kernels.values())
-        run = {"cap": cap, "fwd_tile": [cfg.block_m, cfg.block_n], "census": tiles, "fwd_ms": fwd, "fwd_bwd_ms": both,
-               "kernel_ms": kernels, "gpu_ms": gpu}  # fmt: skip
+        run = {"cap": cap, "forward": forward, "fwd_tile": [rows, cols], "census": tiles, "fwd_ms": fwd,
+               "fwd_bwd_ms": both, "kernel_ms": kernels, "gpu_ms": gpu}  # fmt: skip
         computed = (tiles["partial"] + tiles["full"]) * (batch * HEADS // tiles["instances"])
         run["computed_tiles"] = computed
         if dense is not None and cap is None:
@@ -132,7 +154,7 @@ def profile_mask(name: str, seq_len: int, caps: list[int | None], dense: dict | 
             run["tile_density"] = computed / dense_run["computed_tiles"]
             run["cost_per_tile_vs_dense"] = (gpu / computed) / (dense_run["gpu_ms"] / dense_run["computed_tiles"])
         row["runs"].append(run)
-        line = f"T={seq_len} {name:>12} cap={cap}: fwd tile {cfg.block_m}x{cfg.block_n}, {tiles}, "
+        line = f"T={seq_len} {name:>12} cap={cap}: {forward} tile {rows}x{cols}, {tiles}, "
         line += f"fwd {fwd:.3f} ms, fwd+bwd {both:.3f} ms (kernels {gpu:.3f} ms: "
         line += ", ".join(f"{name} {ms:.3f}" for name, ms in kernels.items()) + ")"
         if "tile_density" in run:
