@@ -76,6 +76,7 @@ from .gluon_common import (
     kept_tile,
     load_head_tile,
     load_range,
+    long_walks_first,
     lower_bound,
     mma_layout,
     store_head_tile,
@@ -438,6 +439,7 @@ def flash_bwd_dkdv_hopper_kernel(
     stride_count_h,
     stride_index_h,
     stride_index_r,
+    WalkOrder,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
@@ -451,7 +453,8 @@ def flash_bwd_dkdv_hopper_kernel(
     (1, 1, 64, D), and dK and dV leave through descriptors of K's tiles, all made on the host
     (`launch.launch_dkdv_hopper`). With CAUSAL, two more masks (as in `flash_fwd_hopper.py`): WINDOW, a sliding
     window of window_size keys, and DocIds with its schedule DocRanges (for this tiling: per key tile, the query
-    ranges), documents, and KeptIndex with KeptCount, a block mask's kept query tiles per key tile."""
+    ranges), documents, and KeptIndex with KeptCount, a block mask's kept query tiles per key tile, and WalkOrder
+    the order the key tiles' programs start in (`long_walks_first`)."""
     DOCS: gl.constexpr = DocIds is not None
     SPARSE: gl.constexpr = KeptIndex is not None
     dtype: gl.constexpr = q_desc.dtype
@@ -460,7 +463,10 @@ def flash_bwd_dkdv_hopper_kernel(
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # a warpgroup's
     BLOCK_N: gl.constexpr = KEYS * CONSUMERS
     gl.static_assert(CONSUMERS <= 3, "one to three math warpgroups")
-    tile, bh = tile_and_head(HEADS_FASTEST)
+    if SPARSE:
+        tile, bh = long_walks_first(WalkOrder, HEADS_FASTEST)
+    else:
+        tile, bh = tile_and_head(HEADS_FASTEST)
     b = bh // n_heads
     h = bh % n_heads
     start_n = tile * BLOCK_N

@@ -73,6 +73,26 @@ def tile_and_head(HEADS_FASTEST: gl.constexpr):
 
 
 @gluon.jit
+def long_walks_first(order, HEADS_FASTEST: gl.constexpr):
+    """(tile, b · H + h) of this program under a block mask, from its walk order = (n_long, tiles in order)
+    (`tile_schedule._long_walks_first`): in the order programs start (the grid's first axis fastest), the first
+    n_long · B·H take the long walks' tiles, heads fastest, so that every head's long walks start first; the rest
+    take the other tiles tile-fastest, head after head, which keeps a head's rows together in L2."""
+    if HEADS_FASTEST:
+        n_bh, n_tiles = gl.num_programs(0), gl.num_programs(1)
+    else:
+        n_tiles, n_bh = gl.num_programs(0), gl.num_programs(1)
+    pid = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+    n_long = gl.load(order)
+    first = n_long * n_bh
+    late = gl.maximum(pid - first, 0)
+    n_rest = gl.maximum(n_tiles - n_long, 1)
+    rank = gl.where(pid < first, pid // n_bh, n_long + late % n_rest)
+    bh = gl.where(pid < first, pid % n_bh, late // n_rest)
+    return gl.load(order + 1 + rank), bh
+
+
+@gluon.jit
 def query_tile_program(seq_len_q, n_heads, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, HEADS_FASTEST: gl.constexpr):
     """(start_m, b, h, bh) of this program's query tile, for the passes whose programs own query rows: its tile
     (`tile_and_head`) counts query tiles, causal from the last, which sees the most key tiles, so that those launch

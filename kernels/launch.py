@@ -503,9 +503,9 @@ def heads_fastest(kernel_pass: str, masks: FlashMask) -> bool:
     together, so that they share its rows in L2; but walks under documents differ in length by up to T / tile, and
     in that grid the last heads' longest walks start last and finish long after the rest. In a grid of (B·H, tiles)
     every head's tile t launches before any head's t + 1: documents ran 1.11-1.15x faster at 16K, every pass
-    alike. Block masks keep (tiles, B·H): with a global column (local + global) the dK/dV pass would gain 1.19x at
-    16K, but strided walks reach across the keys, and spread over every head they lose L2 (0.96-0.99x for the
-    dK/dV pass alone, 0.89-0.94x for all three; `results/tuning/h200-2026-11-27-grid-masks/`)."""
+    alike. Block masks keep (tiles, B·H): strided walks reach across the keys, and spread over every head they lose
+    L2 (0.96-0.99x for the dK/dV pass alone, 0.89-0.94x for all three; `results/tuning/h200-2026-11-27-grid-masks/`).
+    Their few long walks (a global column) go first instead, in the dK/dV pass (`_walk_order`)."""
     return masks.document_ids is not None
 
 
@@ -533,6 +533,15 @@ def _gluon_mask_args(masks: FlashMask, kernel_pass: str, cfg: LaunchConfig) -> t
         blocks = (counts, indices, 0 if shared else counts.stride(0), 0 if shared else indices.stride(0),
                   indices.stride(1))  # fmt: skip
     return window, *docs, *blocks
+
+
+def _walk_order(masks: FlashMask, cfg: LaunchConfig) -> torch.Tensor | None:
+    """The order the Gluon dK/dV pass's programs take its key tiles in under a block mask (long walks first,
+    `gluon_common.long_walks_first`); None without one. Under local + global, whose first key tiles every query
+    sees, the pass ran 1.46x faster at 16K (0.390 -> 0.267 ms), fwd+bwd 1.18x, and 1.03x at 64K; strided and
+    butterfly, whose walks are even, kept their speed (`results/tuning/h200-2026-11-27-long-walks/`). The forward
+    and dQ passes' walks are even under every block mask the project names (a causal global row sees one tile)."""
+    return masks.tile_schedule("bwd_dkdv_hopper", cfg).order if masks.block_mask is not None else None
 
 
 def launch_forward_hopper(
@@ -588,7 +597,8 @@ def launch_dkdv_hopper(
         flash_bwd_dkdv_hopper_kernel, gluon_grid(_cdiv(seq_len_k, n), batch * heads, first), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars[1:],
-        *_gluon_mask_args(masks, "bwd_dkdv_hopper", cfg), STAGES=cfg.num_stages, CONSUMERS=n // 64,
+        *_gluon_mask_args(masks, "bwd_dkdv_hopper", cfg), _walk_order(masks, cfg), STAGES=cfg.num_stages,
+        CONSUMERS=n // 64,
         CAUSAL=params.causal, WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout,
         num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip

@@ -19,6 +19,7 @@ from flashgpt.kernels.attention_op import flash_attention_backward, flash_attent
 from flashgpt.kernels.dropout import keep_scale
 from flashgpt.kernels.launch import AttentionParams, tuned_config
 from flashgpt.kernels.tuning import LaunchConfig
+from flashgpt.model.sparsity import local_global_blocks, strided_blocks
 
 FP32_TOL = 1e-5
 LOW_PRECISION_TOL = 2e-2
@@ -398,8 +399,39 @@ def test_schedule_tensors_start_16_byte_aligned():
         n_cols = math.ceil((77 if rows == "queries" else 50) / col_tile)
         assert schedule.ranges.shape == (2, n_rows, 4)
         assert schedule.counts.shape == (3, n_rows) and schedule.indices.shape == (3, n_rows, n_cols)
-        for t in (schedule.ranges, schedule.counts, schedule.indices):
+        # Tiles of keys also carry the order their programs start in.
+        assert (schedule.order is None) == (rows == "queries")
+        pieces = (schedule.ranges, schedule.counts, schedule.indices)
+        if schedule.order is not None:
+            assert schedule.order.shape == (n_rows + 1,)
+            pieces += (schedule.order,)
+        for t in pieces:
             assert t.data_ptr() % 16 == 0 and t.is_contiguous(), (rows, row_tile, col_tile)
+
+
+def test_long_walks_start_first():
+    """A key tile's programs start first, for every head, when its walk over query tiles is more than twice the
+    mean: local + global's first key tiles (every query sees them), longest first; the rest keep their order. A
+    pattern of even walks (strided) keeps its order; per-head masks take each tile's longest walk; and the order
+    is always a permutation of the key tiles."""
+    n_blocks = 16  # 128-token blocks, T = 2048, tiles of 64 keys: two tiles a block
+
+    def order(block_mask: torch.Tensor) -> tuple[int, list[int]]:
+        built = FlashMask.build(2048, 2048, (("keys", 64, 64),), block_mask=block_mask, block_size=128)
+        walk_order = built.tile_schedule("bwd_dkdv", LaunchConfig(64, 64, 1, 1)).order.tolist()
+        assert sorted(walk_order[1:]) == list(range(2 * n_blocks))
+        return walk_order[0], walk_order[1:]
+
+    assert order(local_global_blocks(n_blocks, local_blocks=2)) == (2, list(range(32)))
+    assert order(strided_blocks(n_blocks, stride=4)) == (0, list(range(32)))
+    # Per head: in head 1 every query block from 5 on also sees key block 5 (walks of 22 tiles, against 32 for
+    # block 0 and 2-4 for the rest).
+    per_head = local_global_blocks(n_blocks, local_blocks=2).repeat(2, 1, 1)
+    per_head[1, 5:, 5] = True
+    assert order(per_head) == (4, [0, 1, 10, 11] + [t for t in range(32) if t not in (0, 1, 10, 11)])
+    gen = torch.Generator().manual_seed(0)
+    for density in (0.05, 0.3, 1.0):
+        order(torch.rand(3, n_blocks, n_blocks, generator=gen) < density)
 
 
 def test_a_mask_built_for_another_call_raises(monkeypatch):
