@@ -109,7 +109,8 @@ def compile_passes(
         cfg = hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len)
         if cfg is None or mask == "none":
             return cfg
-        return launch.fit_gluon_to_masks(kernel_pass, cfg, 128 if mask == "blocks" else None, mask == "documents")
+        block_size = 128 if mask == "blocks" else None
+        return launch.fit_gluon_to_masks(kernel_pass, cfg, head_dim, block_size, mask == "documents")
 
     gluon_tiles = tuple(tile_key(p, hopper_cfg(p)) for p in passes if p in HOPPER_PASSES and hopper_cfg(p))
     masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in TRITON_PASSES) + gluon_tiles)

@@ -233,17 +233,18 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
     assert decide(masks=documents) is None  # no schedule for the pass's tiling
     if expected is not None and kernel_pass in launch.GLUON_PASSES.values():
         # Under masks programs of three math warpgroups drop to one (the forward's 192 rows to 64, the dK/dV
-        # pass's 32 x 192 tiles to 64 x 64); under documents the dQ pass takes 64-key tiles.
-        for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, None, documents=True)
-        for_window = launch.fit_gluon_to_masks(kernel_pass, expected, None, documents=False)
-        rows, keys = expected.block_m, expected.block_n
-        if kernel_pass == "fwd_hopper" and rows == 192:
-            rows = 64
+        # pass's 32 x 192 tiles to 64 x 64); under documents the dQ pass takes 64-key tiles; a forward of one
+        # math warpgroup takes 64 x 64 tiles at maxnreg 80 (three programs an SM).
+        for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=True)
+        for_window = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=False)
+        rows, keys, maxnreg = expected.block_m, expected.block_n, expected.maxnreg
+        if kernel_pass == "fwd_hopper":
+            rows, keys, maxnreg = 64, 64, 80
         if kernel_pass == "bwd_dkdv_hopper" and keys == 192:
             rows, keys = 64, 64
-        assert for_window == replace(expected, block_m=rows, block_n=keys)
+        assert for_window == replace(expected, block_m=rows, block_n=keys, maxnreg=maxnreg)
         keys = 64 if kernel_pass == "bwd_dq_hopper" else keys
-        assert for_documents == replace(expected, block_m=rows, block_n=keys)
+        assert for_documents == replace(expected, block_m=rows, block_n=keys, maxnreg=maxnreg)
         assert decide(masks=window) == for_window
         scheduled = replace(documents, tiles=(tile_key(kernel_pass, for_documents),))
         assert decide(masks=scheduled) == for_documents
@@ -253,7 +254,7 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
             expected if for_documents == expected else None
         )  # a schedule for other tiles does not serve
         blocks = replace(launch.NO_MASKS, block_mask=torch.ones(1, 128, 128, dtype=torch.bool))
-        fitted = launch.fit_gluon_to_blocks(kernel_pass, expected, 128)  # tiles that 128-token blocks hold whole
+        fitted = launch.fit_gluon_to_masks(kernel_pass, expected, 64, 128, documents=False)  # blocks hold them whole
         assert fitted is not None and 128 % fitted.block_m == 0 and 128 % fitted.block_n == 0
         assert decide(masks=blocks) is None  # no schedule for the pass's tiling
         assert decide(masks=replace(blocks, tiles=(tile_key(kernel_pass, fitted),))) == fitted
@@ -278,8 +279,9 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
 def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_take_it(dropout):
     """`launch.gluon_tiles`, which `flash_mask` adds to the tilings it builds schedules for on a Hopper GPU: the
     tiling of each Gluon pass that the table lists for the shape (with dropout: those that draw the mask) as masks
-    fit it (the forward's 192 rows drop to 64, the dK/dV pass's 192 keys to 64 x 64; under documents the dQ pass
-    takes 64-key tiles), and none for a call the Gluon passes never take (not causal, fp32)."""
+    fit it (the forward's 192 rows drop to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys
+    drop to 64 x 64; under documents the dQ pass takes 64-key tiles), and none for a call the Gluon passes never
+    take (not causal, fp32)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -291,7 +293,7 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
             cfg = hopper_config(name, 64, "bfloat16", True, dropout, seq_len) if name else None
             if cfg is not None:
                 rows = 64 if name == "fwd_hopper" else cfg.block_m
-                keys = 64 if name == "bwd_dq_hopper" and documents else cfg.block_n
+                keys = 64 if name == "fwd_hopper" or (name == "bwd_dq_hopper" and documents) else cfg.block_n
                 if name == "bwd_dkdv_hopper" and keys == 192:
                     rows, keys = 64, 64
                 tiles.append(tile_key(name, replace(cfg, block_m=rows, block_n=keys)))
@@ -309,6 +311,21 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     fitted = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=128)
     assert fitted and all(128 % row_tile == 0 and 128 % col_tile == 0 for _, row_tile, col_tile in fitted)
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=40) == ()
+
+
+def test_only_a_d64_masked_forward_takes_three_programs_an_sm():
+    """Under masks a one-warpgroup forward at D = 64 takes 64 x 64 tiles at maxnreg 80 (three programs an SM);
+    at D = 128 its accumulator needs the registers, and the table's 128-row configuration stays."""
+    from flashgpt.kernels import launch
+
+    d64 = hopper_config("fwd_hopper", 64, "bfloat16", True, False, 16384)
+    d128 = hopper_config("fwd_hopper", 128, "bfloat16", True, False, 16384)
+    assert launch.fit_gluon_to_masks("fwd_hopper", d64, 64, None, False) == LaunchConfig(64, 64, 4, 2, True, 80)
+    assert launch.fit_gluon_to_masks("fwd_hopper", d128, 128, None, False) == d128
+    assert launch.fit_gluon_to_masks("fwd_hopper", d128, 128, 128, True) == d128
+    for kernel_pass in ("bwd_dq_hopper", "bwd_dkdv_hopper"):
+        cfg = hopper_config(kernel_pass, 64, "bfloat16", True, False, 16384)
+        assert launch.fit_gluon_to_masks(kernel_pass, cfg, 64, None, False).maxnreg == cfg.maxnreg
 
 
 def test_masked_gluon_grids_put_heads_fastest_only_under_documents():

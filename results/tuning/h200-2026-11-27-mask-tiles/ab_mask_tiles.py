@@ -9,7 +9,7 @@ torch.profiler.
 
 A variant is "tuned" or "+"-joined overrides PASS=ROWSxCOLS (fwd, dq, dkdv): the pass's tiles, with maxnreg 168
 for a program of two math warpgroups (a 128-row forward, a 128-key dK/dV pass) and 128 otherwise, as the table's
-own configurations have them.
+own configurations have them, or the maxnreg a suffix @N gives (fwd=64x64@80: three programs an SM).
 """
 
 import argparse
@@ -57,27 +57,35 @@ THIRD = [
 ]
 # --plan fourth: the kept fit with the dK/dV rule (192-key programs to 64 x 64 under masks) against the old tiles
 FOURTH = [(64, 8192, ["window_1k", "window_4k", "documents", "strided"], ["tuned", "dkdv=32x192"])]
-PLANS = {"first": FIRST, "second": SECOND, "third": THIRD, "fourth": FOURTH}
+# --plan fifth: the masked forward on 64 x 64 tiles at maxnreg 80, three programs an SM instead of two
+OCCUPANCY = ["tuned", "fwd=64x64", "fwd=64x64@80"]
+FIFTH = [
+    (64, 16384, ["documents", "window_1k", "local_global", "strided"], OCCUPANCY),
+    (64, 4096, ["documents", "local_global"], OCCUPANCY),
+    (64, 65536, ["documents", "window_1k"], OCCUPANCY),
+]
+PLANS = {"first": FIRST, "second": SECOND, "third": THIRD, "fourth": FOURTH, "fifth": FIFTH}
 
 
-def parse_variant(spec: str) -> dict[str, tuple[int, int]]:
+def parse_variant(spec: str) -> dict[str, tuple[int, int, int | None]]:
     if spec == "tuned":
         return {}
     out = {}
     for part in spec.split("+"):
         name, tiles = part.split("=")
+        tiles, _, maxnreg = tiles.partition("@")
         rows, cols = tiles.split("x")
-        out[PASSES[name]] = (int(rows), int(cols))
+        out[PASSES[name]] = (int(rows), int(cols), int(maxnreg) if maxnreg else None)
     return out
 
 
-def fit_for(overrides: dict[str, tuple[int, int]]):
-    def fit(kernel_pass, cfg, block_size, documents):
+def fit_for(overrides: dict[str, tuple[int, int, int | None]]):
+    def fit(kernel_pass, cfg, head_dim, block_size, documents):
         if kernel_pass not in overrides:
-            return TUNED_FIT(kernel_pass, cfg, block_size, documents)
-        rows, cols = overrides[kernel_pass]
+            return TUNED_FIT(kernel_pass, cfg, head_dim, block_size, documents)
+        rows, cols, maxnreg = overrides[kernel_pass]
         consumers = (cols if kernel_pass == "bwd_dkdv_hopper" else rows) // 64
-        cfg = replace(cfg, block_m=rows, block_n=cols, maxnreg=168 if consumers == 2 else 128)
+        cfg = replace(cfg, block_m=rows, block_n=cols, maxnreg=maxnreg or (168 if consumers == 2 else 128))
         if block_size is not None and (block_size % rows or block_size % cols):
             return None
         return cfg
