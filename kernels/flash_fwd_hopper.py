@@ -1,10 +1,13 @@
 """The forward for Hopper, in Gluon: warp-specialised, one to three math warpgroups a program, every product
 asynchronous.
 
-Same math as `flash_fwd.py` (base 2, log2 e folded into the scale), without dropout:
+Same math as `flash_fwd.py` (base 2, log2 e folded into the scale):
 
     s = q·kᵀ,  m' = max(m, rowmax(s)·scale·log2 e),  p = exp2(s·scale·log2 e − m'),  α = exp2(m − m'),
-    l' = α·l + rowsum(p),  acc' = α·acc + p·v;   at the end O = acc / l and LSE = (m + log2 l)·ln 2
+    l' = α·l + rowsum(p),  acc' = α·acc + (Z ∘ p)·v;   at the end O = c·acc / l and LSE = (m + log2 l)·ln 2
+
+with dropout's keep-mask Z and keep-scale c (Z = 1, c = 1 without): the normaliser l sums the probabilities
+before dropout, as the backward passes expect.
 
 - **A producer warp** (`_producer`, 24 registers) streams K and V tiles by TMA through a ring of STAGES buffers,
   K and V with a ready barrier each, so that S can start before V has landed.
@@ -26,6 +29,10 @@ Same math as `flash_fwd.py` (base 2, log2 e folded into the scale), without drop
   so masked steps keep the exponents of rows that have seen nothing at 0 (`_softmax`).
 - O leaves by a TMA store from Q's buffer, whole lines at a time, where stores from the accumulator's registers
   would write 16-byte pieces of many rows.
+- **Dropout** (DROPOUT): each math warpgroup draws its tile's keep-mask as the dQ pass does
+  (`gluon_dropout.keep_mask`: drawn key-major, each thread the numbers of its own elements, and moved to this
+  query-major layout through shared memory), bit for bit the mask every other pass draws, and drops from p before
+  its product with V (after p's row sums have gone into l).
 
 Tq ≤ Tk (causal: aligned to the bottom right), any T: key rows past Tk and query rows past Tq arrive as zeros from
 the descriptors; the former are masked, the latter computed and not stored. bf16 or fp16; the tensors must suit
@@ -54,6 +61,7 @@ from .gluon_common import (
     store_head_tile,
     tile_layout,
 )
+from .gluon_dropout import keep_mask
 
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 ROWS: gl.constexpr = gl.constexpr(64)  # query rows a math warpgroup owns
@@ -123,7 +131,7 @@ def _softmax(
     mask (SPARSE: `tile` is a position in the kept-tile list, and positions past the walk's runs are masked
     whole) a row may see no key of a masked tile, nor of any tile before it; its max then stays −inf and exponents
     are taken from 0, so that its p and α are 0 rather than NaN."""
-    offs_m, shift, seq_len_k, window_size, docs, row_ids, kept, n_kept, walk_end = rows
+    offs_m, shift, seq_len_k, window_size, docs, row_ids, kept, n_kept, walk_end, _ = rows
     BLOCK_N: gl.constexpr = s.shape[1]
     if MASKED:
         column = kept_tile(kept, n_kept, tile) if SPARSE else tile
@@ -149,6 +157,17 @@ def _softmax(
 
 
 @gluon.jit
+def _dropped(p, tile, rows, SPARSE: gl.constexpr):
+    """p with the elements dropout drops set to 0, for the walk's tile `tile` (SPARSE: a position in the kept-tile
+    list) and the warpgroup's rows."""
+    seq_len_k, kept, n_kept = rows[2], rows[6], rows[7]
+    rng, row0 = rows[9]
+    BLOCK_N: gl.constexpr = p.shape[1]
+    column = kept_tile(kept, n_kept, tile) if SPARSE else tile
+    return gl.where(keep_mask(rng, row0, column * BLOCK_N, seq_len_k, ROWS, BLOCK_N), p, 0.0)
+
+
+@gluon.jit
 def _rescale(acc, alpha):
     return acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
 
@@ -167,6 +186,7 @@ def _step(
     WINDOW: gl.constexpr,
     DOCS: gl.constexpr,
     SPARSE: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """One key tile (the walk's (tile − t_lo)-th): S and the previous p·v retire together, then p·v of this tile
     is issued and left in flight."""
@@ -178,6 +198,8 @@ def _step(
     s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
     mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)  # the previous tile's K and V are read
     p, alpha, m_i, l_i = _softmax(s, m_i, l_i, tile, rows, qk_scale, CAUSAL, MASKED, WINDOW, DOCS, SPARSE)
+    if DROPOUT:
+        p = _dropped(p, tile, rows, SPARSE)
     acc = _issue_pv(_rescale(acc, alpha), p, ring, j)
     return acc, m_i, l_i
 
@@ -194,6 +216,7 @@ def _walk(
     WINDOW: gl.constexpr,
     DOCS: gl.constexpr,
     SPARSE: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """Key tiles t_lo + 1 … t_hi − 1 of the runs tiles = (t_lo, a, b, t_hi) (masked, mask-free, masked; without
     masks t_lo = a = 0; SPARSE: positions in the kept-tile list), from the first tile's p·v in flight; returns
@@ -201,29 +224,36 @@ def _walk(
     t_lo, a, b, t_hi = tiles
     if WINDOW or DOCS or SPARSE:
         for tile in range(t_lo + 1, a):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS, SPARSE)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS, SPARSE, DROPOUT)
         for tile in range(gl.maximum(a, t_lo + 1), b):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, False, WINDOW, DOCS, SPARSE)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, False, WINDOW, DOCS, SPARSE, DROPOUT)
         for tile in range(gl.maximum(b, t_lo + 1), t_hi):
-            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS, SPARSE)
+            state = _step(state, q_smem, ring, tile, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS, SPARSE, DROPOUT)
     else:
         for tile in range(1, b):
-            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, False, False, False, False)
+            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, False, False, False, False, DROPOUT)
         for tile in range(gl.maximum(b, 1), t_hi):
-            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, True, False, False, False)
+            state = _step(state, q_smem, ring, tile, 0, rows, qk_scale, CAUSAL, True, False, False, False, DROPOUT)
     acc, m_i, l_i = state
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,)), m_i, l_i
 
 
 @gluon.jit
 def _consumer(
-    q_smem, shared, rows, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr, SPARSE: gl.constexpr
+    q_smem,
+    shared,
+    rows,
+    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """One math warpgroup's 64 rows: the walk over the key tiles, then O and LSE."""
     q_ready, ring, tiles, outs, qk_scale, kept = shared
     t_lo, t_hi = tiles[0], tiles[3]
     walk_end = gl.maximum(t_hi, t_lo + 1) if SPARSE else t_hi  # a walk takes at least one step (`kept_tile`)
-    row0, shift, seq_len_k, window_size, docs = rows
+    row0, shift, seq_len_k, window_size, docs, rng, dropout_scale = rows
     o_desc, b, h, lse_ptrs, seq_len_q = outs
     empty, v_ring = ring[2], ring[4]
     STAGES: gl.constexpr = v_ring.shape[0]
@@ -233,7 +263,7 @@ def _consumer(
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     row_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1)) if DOCS else offs_m  # the rows' documents
-    rows = (offs_m, shift, seq_len_k, window_size, docs, row_ids, kept[0], kept[1], t_hi)
+    rows = (offs_m, shift, seq_len_k, window_size, docs, row_ids, kept[0], kept[1], t_hi, (rng, row0))
     mbarrier.wait(q_ready, 0)
 
     # The first tile, peeled and masked. Without a window or documents it holds key 0, seen by every row, so m is
@@ -243,17 +273,19 @@ def _consumer(
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
     p, _, m_i, l_i = _softmax(s, m_i, l_i, t_lo, rows, qk_scale, CAUSAL, True, WINDOW, DOCS, SPARSE)
+    if DROPOUT:
+        p = _dropped(p, t_lo, rows, SPARSE)
     zeros = gl.zeros([ROWS, HEAD_DIM], gl.float32, acc_layout)
     state = (_issue_pv(zeros, p, ring, 0), m_i, l_i)
-    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL, WINDOW, DOCS, SPARSE)
+    acc, m_i, l_i = _walk(state, q_smem, ring, tiles, rows, qk_scale, CAUSAL, WINDOW, DOCS, SPARSE, DROPOUT)
     mbarrier.arrive(empty.index((walk_end - t_lo - 1) % STAGES), count=1)
 
     # O leaves through Q's buffer, free now that every product that read it has retired, by one TMA store: whole
     # 128-byte lines, and rows past Tq clipped by the descriptor.
-    if SPARSE:  # a row that sees no key: o = 0 (and LSE = −inf)
-        o = acc / gl.convert_layout(gl.where(l_i == 0.0, 1.0, l_i), gl.SliceLayout(1, acc_layout))[:, None]
-    else:
-        o = acc / gl.convert_layout(l_i, gl.SliceLayout(1, acc_layout))[:, None]
+    norm = gl.where(l_i == 0.0, 1.0, l_i) if SPARSE else l_i  # a row that sees no key: o = 0 (and LSE = −inf)
+    if DROPOUT:  # kept probabilities are scaled by c
+        norm = norm / dropout_scale
+    o = acc / gl.convert_layout(norm, gl.SliceLayout(1, acc_layout))[:, None]
     q_smem.store(o.to(q_smem.dtype))
     fence_async_shared()
     store_head_tile(o_desc, b, h, row0, q_smem)
@@ -261,7 +293,7 @@ def _consumer(
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
 def flash_fwd_hopper_kernel(
     q_desc,
     k_desc,
@@ -272,6 +304,11 @@ def flash_fwd_hopper_kernel(
     seq_len_q,
     seq_len_k,
     softmax_scale,
+    seed,
+    offset_lo,
+    offset_hi,
+    dropout_threshold,
+    dropout_scale,
     window_size,
     DocIds,
     stride_doc,
@@ -287,6 +324,7 @@ def flash_fwd_hopper_kernel(
     CAUSAL: gl.constexpr,
     WINDOW: gl.constexpr,
     HEADS_FASTEST: gl.constexpr,
+    DROPOUT: gl.constexpr,
 ):
     """O (B, H, Tq, D) and LSE (B·H·Tq fp32) of a query tile (64 · CONSUMERS rows) of a head (`query_tile_program`),
     from tensor descriptors of Q (B, H, Tq, D) in tiles of (1, 1, 64, D) and K, V (B, H, Tk, D) in tiles of
@@ -294,7 +332,9 @@ def flash_fwd_hopper_kernel(
     WINDOW, each query sees only the window_size keys up to its own position; DocIds (B, Tk) int32 (else None), a
     query sees only the keys of its own document, with DocRanges the documents' schedule for this tiling (B, query
     tiles, 4) int32 (`tile_schedule.py`); KeptIndex (H or 1, query tiles, key tiles) int32 (else None), a block
-    mask whose tiles this tiling's fit whole, with KeptCount, its kept key tiles per query tile."""
+    mask whose tiles this tiling's fit whole, with KeptCount, its kept key tiles per query tile. With DROPOUT, the
+    keep-mask of (seed, offset_lo, offset_hi) at dropout_threshold, kept values scaled by dropout_scale
+    (`gluon_dropout.py`)."""
     DOCS: gl.constexpr = DocIds is not None
     SPARSE: gl.constexpr = KeptIndex is not None
     dtype: gl.constexpr = q_desc.dtype
@@ -355,10 +395,11 @@ def flash_fwd_hopper_kernel(
     lse_ptrs = LSE + bh.to(gl.int64) * seq_len_q
     outs = (o_desc, b, h, lse_ptrs, seq_len_q)
     qk_scale = softmax_scale * LOG2E
+    rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream
     rows = (
-        (start_m, shift, seq_len_k, window_size, docs),
-        (start_m + ROWS, shift, seq_len_k, window_size, docs),
-        (start_m + 2 * ROWS, shift, seq_len_k, window_size, docs),
+        (start_m, shift, seq_len_k, window_size, docs, rng, dropout_scale),
+        (start_m + ROWS, shift, seq_len_k, window_size, docs, rng, dropout_scale),
+        (start_m + 2 * ROWS, shift, seq_len_k, window_size, docs, rng, dropout_scale),
     )
     shared = (q_ready, ring, tiles, outs, qk_scale, kept)
     # The producer's walk; a block mask's may keep no tile, and then takes one step, masked whole (`kept_tile`).
@@ -368,7 +409,7 @@ def flash_fwd_hopper_kernel(
     if CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE, DROPOUT)),
                 (_producer, ((k_desc, v_desc), ring, walk, b, h, SPARSE)),
             ],
             [1],
@@ -377,8 +418,8 @@ def flash_fwd_hopper_kernel(
     elif CONSUMERS == 2:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE)),
-                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE, DROPOUT)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS, SPARSE, DROPOUT)),
                 (_producer, ((k_desc, v_desc), ring, walk, b, h, SPARSE)),
             ],
             [4, 1],
@@ -387,9 +428,9 @@ def flash_fwd_hopper_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE)),
-                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS, SPARSE)),
-                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_consumer, (q_smem.index(0), shared, rows[0], CAUSAL, WINDOW, DOCS, SPARSE, DROPOUT)),
+                (_consumer, (q_smem.index(1), shared, rows[1], CAUSAL, WINDOW, DOCS, SPARSE, DROPOUT)),
+                (_consumer, (q_smem.index(2), shared, rows[2], CAUSAL, WINDOW, DOCS, SPARSE, DROPOUT)),
                 (_producer, ((k_desc, v_desc), ring, walk, b, h, SPARSE)),
             ],
             [4, 4, 1],

@@ -480,8 +480,8 @@ def hopper_launch_config(
     """The configuration of the Gluon pass `kernel_pass` ("fwd_hopper": `flash_fwd_hopper.py`, "bwd_dq_hopper":
     `flash_bwd_dq_hopper.py`, "bwd_dkdv_hopper": `flash_bwd_dkdv_hopper.py`, "bwd_fused_hopper":
     `flash_bwd_fused_hopper.py`) where the call should take it instead of the Triton pass: on Hopper, outside the
-    interpreter, with the masks it takes (`_gluon_masks`), with dropout the backward passes (which draw the mask
-    themselves), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit (o: the forward's output or
+    interpreter, with the masks it takes (`_gluon_masks`), with or without dropout (each pass draws the mask
+    itself), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit (o: the forward's output or
     the backward's input; do: the backward's, None for the forward), a shape the table measured it faster for
     (masked calls take the dense configuration, fitted to the masks: `fit_gluon_to_masks`), and the tested
     Triton. Else None."""
@@ -554,16 +554,17 @@ def launch_forward_hopper(
 ) -> Launch:
     """o (B, H, Tq, D) and lse (B, H, Tq) through the Gluon forward, at cfg (`hopper_launch_config`): a program of
     cfg.block_m // 64 math warpgroups of 64 query rows each, which store O by TMA: o must suit a tensor descriptor
-    (`hopper_launch_config` checks, given o and the masks)."""
+    (`hopper_launch_config` checks, given o and the masks); with dropout, the mask of params' seed and offset."""
     batch, heads, seq_len_q, _ = q.shape
     first = heads_fastest("fwd_hopper", masks)
     grid = gluon_grid(_cdiv(seq_len_q, cfg.block_m), batch * heads, first)
     return _launch(
         flash_fwd_hopper_kernel, grid, head_descriptor(q, 64), head_descriptor(k, cfg.block_n),
         head_descriptor(v, cfg.block_n), head_descriptor(o, 64), lse, heads, seq_len_q, k.shape[2],
-        params.softmax_scale, *_gluon_mask_args(masks, "fwd_hopper", cfg), STAGES=cfg.num_stages,
-        CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal, WINDOW=masks.window_size is not None,
-        HEADS_FASTEST=first, num_warps=4, maxnreg=cfg.maxnreg,
+        params.softmax_scale, *params.scalars[1:], *_gluon_mask_args(masks, "fwd_hopper", cfg),
+        STAGES=cfg.num_stages, CONSUMERS=cfg.block_m // 64, CAUSAL=params.causal,
+        WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout, num_warps=4,
+        maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

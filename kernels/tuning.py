@@ -140,16 +140,12 @@ def backward_schedule(
 HOPPER_PASSES = ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper", "bwd_fused_hopper")
 
 
-# The Gluon passes that draw the dropout mask; the others run dropout through the Triton passes.
-HOPPER_DROPOUT_PASSES = ("bwd_dq_hopper", "bwd_dkdv_hopper", "bwd_fused_hopper")
-
-
 def hopper_config(
     kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, seq_len: int
 ) -> LaunchConfig | None:
     """The launch configuration of the warp-specialised Gluon pass `kernel_pass` (one of HOPPER_PASSES: Hopper
-    only, dense; with dropout only the HOPPER_DROPOUT_PASSES) where the table measured it faster than the Triton
-    pass for this shape, else None. Its `maxnreg` is the whole program's register cap. fp16 shares the bf16
+    only, dense, each drawing its own dropout mask) where the table measured it faster than the Triton pass for
+    this shape, else None. Its `maxnreg` is the whole program's register cap. fp16 shares the bf16
     measurements, as in `launch_config`."""
     return _hopper_config_for_bucket(kernel_pass, head_dim, dtype, causal, dropout, seq_len_bucket(seq_len))
 
@@ -158,8 +154,6 @@ def hopper_config(
 def _hopper_config_for_bucket(
     kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, bucket: int
 ) -> LaunchConfig | None:
-    if dropout and kernel_pass not in HOPPER_DROPOUT_PASSES:
-        return None
     tuned_dtype = "bfloat16" if dtype == "float16" else dtype
     entry = (
         _tuned_file().get(kernel_pass, {}).get(table_key(kernel_pass, head_dim, tuned_dtype, causal, dropout, bucket))

@@ -27,7 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
-from flashgpt.kernels.tuning import HOPPER_DROPOUT_PASSES, HOPPER_PASSES, LaunchConfig, hopper_config
+from flashgpt.kernels.tuning import HOPPER_PASSES, LaunchConfig, hopper_config
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TRITON_PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
@@ -121,10 +121,9 @@ def compile_passes(
             launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o)
         elif current in HOPPER_PASSES:
             hopper = hopper_cfg(current)
-            drawn = not dropout or current in HOPPER_DROPOUT_PASSES
             # The Gluon passes take every mask but the fused one.
             masked = mask != "none" and current != "bwd_fused_hopper"
-            if hopper is None or not drawn or not (mask == "none" or masked):
+            if hopper is None or not (mask == "none" or masked):
                 raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
             gluon_masks = masks if masked else launch.NO_MASKS
             if current == "fwd_hopper":

@@ -27,7 +27,8 @@ CASES = {  # kernel_sass.py's arguments
     "D64 4K Gluon dropout": "--head-dim 64 --seq-len 4096 --dropout 0.1 "
     "--passes bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
     "D128 4K Gluon dropout": "--head-dim 128 --seq-len 4096 --dropout 0.1 "
-    "--passes bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
+    "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
+    "D128 16K Gluon dropout forward": "--head-dim 128 --seq-len 16384 --dropout 0.1 --passes fwd_hopper",
     "D64 8K Gluon window": "--head-dim 64 --seq-len 8192 --mask window "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
     "D128 4K Gluon window dropout": "--head-dim 128 --seq-len 4096 --mask window --dropout 0.1 "
@@ -61,6 +62,7 @@ KNOWN_SPILLS = {
     ("D64 8K Gluon window", "bwd_dkdv_hopper"): 24,
     ("D128 4K Gluon window dropout", "bwd_dkdv_hopper"): 24,
     ("D128 4K Gluon documents", "bwd_dkdv_hopper"): 80,
+    ("D128 16K Gluon dropout forward", "fwd_hopper"): 8,  # 128 x 128 tiles with the mask's draws: one word
 }
 
 
