@@ -9,6 +9,7 @@ Providers: flash (the default backward for the shape), flash_deterministic (the 
 
 import argparse
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,18 +39,29 @@ def main() -> None:
         "flash_deterministic": lambda: flash_attention(q, k, v, dropout_p=args.dropout, deterministic=True),
         "sdpa_cudnn": cudnn,
     }
+    profile_steady_state(providers, (q, k, v), do)
+    print(f"profiled {', '.join(providers)} at {shape}, dropout {args.dropout}")
+
+
+def profile_steady_state(
+    providers: dict[str, Callable[[], torch.Tensor]],
+    inputs: tuple[torch.Tensor, ...],
+    grad: torch.Tensor,
+    warmup: int = 2,
+) -> None:
+    """One fwd + autograd.grad of each provider between cudaProfilerStart/Stop, each in an NVTX range of its name,
+    after `warmup` unprofiled calls of each (compiles, autotuning, launch plans)."""
     for fn in providers.values():
-        for _ in range(2):
-            torch.autograd.grad(fn(), (q, k, v), do)
+        for _ in range(warmup):
+            torch.autograd.grad(fn(), inputs, grad)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for name, fn in providers.items():
         torch.cuda.nvtx.range_push(name)
-        torch.autograd.grad(fn(), (q, k, v), do)
+        torch.autograd.grad(fn(), inputs, grad)
         torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print(f"profiled {', '.join(providers)} at {shape}, dropout {args.dropout}")
 
 
 if __name__ == "__main__":

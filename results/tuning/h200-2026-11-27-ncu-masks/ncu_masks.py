@@ -9,9 +9,11 @@ Each case runs three times first (compiles, launch plans), so only the steady-st
 """
 
 import argparse
+import functools
 
 import torch
 from bench_masks import HEADS, TOKENS_PER_CALL, Profile, build_case, flash_fn
+from ncu_attention import profile_steady_state
 
 PROFILE = Profile("cuda", torch.bfloat16, block_size=128, check_seq_len=4096, dropout_check_seq_len=1024)
 
@@ -28,17 +30,9 @@ def main() -> None:
     do = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     fns = {}
     for name in args.masks.split(","):
-        fns[name] = flash_fn(build_case(name, args.seq_len, batch, PROFILE), args.dropout, args.seq_len, q.dtype)
-        for _ in range(3):
-            torch.autograd.grad(fns[name](q, k, v), (q, k, v), do)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for name, fn in fns.items():
-        torch.cuda.nvtx.range_push(name)
-        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+        attend = flash_fn(build_case(name, args.seq_len, batch, PROFILE), args.dropout, args.seq_len, q.dtype)
+        fns[name] = functools.partial(attend, q, k, v)
+    profile_steady_state(fns, (q, k, v), do, warmup=3)
     print(f"profiled {', '.join(fns)} at {shape}, dropout {args.dropout}")
 
 
