@@ -480,16 +480,18 @@ _BACKWARD_SCHEDULES: dict[tuple, tuple[LaunchConfig | None, bool]] = {}
 def _backward_schedule(q, k, v, o, do, params: AttentionParams, masks: FlashMask, deterministic: bool) -> tuple:
     """(the Gluon fused pass's configuration or None, whether the backward is the fused one). The fused backward
     sums dQ in an order that varies between runs: only where determinism is not asked for. Its Gluon pass, where
-    the table lists it for the shape, comes before the Triton one. Without dropout, masks that the Gluon split
-    passes take (a window, documents, a block mask) take the split backward: with documents at 16K and 64K,
-    fwd+bwd through the Gluon passes ran 1.14x and 1.15x the Triton forward and fused backward; with dropout the
-    split backward lost to the fused one there by up to 5% (`results/tuning/h200-2026-11-27-gluon-documents/`)."""
+    the table lists it for the shape, comes before the Triton one. Masks that the Gluon split passes take (a
+    window, documents, a block mask) take the split backward: with documents at 16K and 64K, fwd+bwd through the
+    Gluon passes ran 1.14x and 1.15x the Triton forward and fused backward
+    (`results/tuning/h200-2026-11-27-gluon-documents/`); with dropout at 16K the split backward through the Gluon
+    passes (dQ on 64-key tiles) ran 0.99-1.33x the Triton fused one under every mask
+    (`results/tuning/h200-2026-11-27-masked-dropout/`)."""
     if deterministic:
         return None, False
     fused_hopper = hopper_launch_config("bwd_fused_hopper", q, k, v, o, do, params, masks)
     if fused_hopper is not None:
         return fused_hopper, True
-    if masks.any and not params.dropout and hopper_launch_config("bwd_dkdv_hopper", q, k, v, o, do, params, masks):
+    if masks.any and hopper_launch_config("bwd_dkdv_hopper", q, k, v, o, do, params, masks):
         return None, False  # the Gluon passes take these masks: the split backward
     documents = masks.document_ids is not None
     split_or_fused = backward_schedule_for(q.shape[-1], q.dtype, q.device, params.causal, params.dropout, k.shape[2],

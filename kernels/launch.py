@@ -226,37 +226,68 @@ def gluon_tiles(
     block_size: int | None = None,
     documents: bool = False,
 ) -> tuple[TileKey, ...]:
-    """The tilings of the Gluon passes that may take the place of `passes` under masks on a Hopper GPU
-    (`_gluon_masks`): those the table lists for the shape, causal, bf16 or fp16, fitted to the masks
-    (`fit_gluon_to_masks`)."""
-    if not causal or dtype not in (torch.bfloat16, torch.float16):
+    """The tilings of the Gluon passes that may take the place of `passes` under document ids (documents) or a
+    block mask (block_size) on a Hopper GPU (`_gluon_masks`), which need the mask's schedules for them:
+    `gluon_config`'s, for causal bf16 or fp16 calls; none without either mask."""
+    if not causal or dtype not in (torch.bfloat16, torch.float16) or (block_size is None and not documents):
         return ()
     tiles = []
     for name in (GLUON_PASSES[p] for p in passes if p in GLUON_PASSES):
-        cfg = hopper_config(name, head_dim, dtype_name(dtype), causal, dropout, seq_len_bucket)
-        if cfg is not None:
-            cfg = fit_gluon_to_masks(name, cfg, head_dim, block_size, documents)
+        cfg = gluon_config(name, head_dim, dtype_name(dtype), causal, dropout, seq_len_bucket,
+                           block_size=block_size, documents=documents)  # fmt: skip
         if cfg is not None and globals()[f"flash_{name}_kernel"] is not None:
             tiles.append(tile_key(name, cfg))
     return tuple(tiles)
 
 
+def gluon_config(
+    kernel_pass: str,
+    head_dim: int,
+    dtype: str,
+    causal: bool,
+    dropout: bool,
+    seq_len: int,
+    *,
+    window: bool = False,
+    documents: bool = False,
+    block_size: int | None = None,
+) -> LaunchConfig | None:
+    """The configuration of the Gluon pass `kernel_pass` for a call with these masks (window: a sliding window;
+    documents: document ids; block_size: a block mask's), None where the Triton pass takes it: the table's
+    (`tuning.hopper_config`), fitted to the masks (`fit_gluon_to_masks`). The table measured dense calls; at
+    D ≤ 64 it lists no Gluon forward with dropout (dense, it lost to the Triton one) and no Gluon dQ pass with
+    dropout from 8K (the fused backward takes those calls). Masked calls with dropout take their configuration
+    without dropout there, fitted: at 16K, the forward under documents and block masks ran 1.11-1.37x the Triton
+    one, and the split backward through the Gluon passes 0.99-1.33x the Triton fused one, fwd+bwd 1.02-1.40x.
+    Under a window alone the Gluon forward with dropout ran 0.82-0.90x, and the Triton forward keeps those calls
+    (`results/tuning/h200-2026-11-27-masked-dropout/`)."""
+    cfg = hopper_config(kernel_pass, head_dim, dtype, causal, dropout, seq_len)
+    tensor_masks = documents or block_size is not None
+    if cfg is None and dropout and head_dim <= 64 and (tensor_masks or (window and kernel_pass != "fwd_hopper")):
+        cfg = hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
+    if cfg is None or not (window or tensor_masks):
+        return cfg
+    return fit_gluon_to_masks(kernel_pass, cfg, head_dim, block_size, documents, dropout)
+
+
 def fit_gluon_to_masks(
-    kernel_pass: str, cfg: LaunchConfig, head_dim: int, block_size: int | None, documents: bool
+    kernel_pass: str, cfg: LaunchConfig, head_dim: int, block_size: int | None, documents: bool, dropout: bool
 ) -> LaunchConfig | None:
     """The configuration of a Gluon pass under masks (causal, with a window, documents or a block mask): programs
     of three math warpgroups drop to one (the forward's 192 rows to 64, the dK/dV pass's 32 × 192 tiles to
-    64 × 64), since a taller tile spans more of the masks' edges, each costing it whole tiles; under documents the
-    dQ pass takes 64-key tiles; under a block mask, tiles that its blocks hold whole (`fit_gluon_to_blocks`).
-    A forward of one math warpgroup at D ≤ 64 takes 64 × 64 tiles at maxnreg 80, which fit three programs an SM
-    instead of two: masked walks are short, and a third program's walk covers the others' prologues and
-    epilogues (forward 1.07-1.10x at 16K under every mask, 1.24-1.31x at 4K, 1.18x for a 1K window at 64K; the
-    same tiles at maxnreg 128 ran 0.89-0.96x). Same-process A/Bs: `results/tuning/h200-2026-11-27-mask-tiles/`."""
+    64 × 64), since a taller tile spans more of the masks' edges, each costing it whole tiles; under documents, and
+    with dropout under every mask, the dQ pass takes 64-key tiles (with dropout 64 × 128 spills 240 bytes, and at
+    4K under a block mask the 64-key pass ran 1.12x faster); under a block mask, tiles that its blocks hold whole
+    (`fit_gluon_to_blocks`). A forward of one math warpgroup at D ≤ 64 takes 64 × 64 tiles at maxnreg 80, which fit
+    three programs an SM instead of two: masked walks are short, and a third program's walk covers the others'
+    prologues and epilogues (forward 1.07-1.10x at 16K under every mask, 1.24-1.31x at 4K, 1.18x for a 1K window at
+    64K; the same tiles at maxnreg 128 ran 0.89-0.96x). Same-process A/Bs:
+    `results/tuning/h200-2026-11-27-mask-tiles/`."""
     if kernel_pass == "fwd_hopper" and cfg.block_m > 128:
         cfg = replace(cfg, block_m=64)
     elif kernel_pass == "bwd_dkdv_hopper" and cfg.block_n > 128:
         cfg = replace(cfg, block_m=64, block_n=64)
-    elif documents and kernel_pass == "bwd_dq_hopper":
+    elif (documents or dropout) and kernel_pass == "bwd_dq_hopper":
         cfg = replace(cfg, block_n=64)
     if kernel_pass == "fwd_hopper" and cfg.block_m == 64 and head_dim <= 64:
         cfg = replace(cfg, block_n=64, maxnreg=80)
@@ -483,15 +514,16 @@ def hopper_launch_config(
     interpreter, with the masks it takes (`_gluon_masks`), with or without dropout (each pass draws the mask
     itself), bf16 or fp16 (both checked on the GPU), tensors that descriptors fit (o: the forward's output or
     the backward's input; do: the backward's, None for the forward), a shape the table measured it faster for
-    (masked calls take the dense configuration, fitted to the masks: `fit_gluon_to_masks`), and the tested
+    (masked calls take the dense configuration, fitted to the masks: `gluon_config`), and the tested
     Triton. Else None."""
     # The kernel is looked up by name, so that a test can take one away as another Triton release would.
     if globals()[f"flash_{kernel_pass}_kernel"] is None or q.dtype not in (torch.bfloat16, torch.float16):
         return None
-    cfg = hopper_config(kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, k.shape[2])
-    if cfg is not None and masks.any:
-        block_size = masks.block_size if masks.block_mask is not None else None
-        cfg = fit_gluon_to_masks(kernel_pass, cfg, q.shape[-1], block_size, masks.document_ids is not None)
+    cfg = gluon_config(
+        kernel_pass, q.shape[-1], dtype_name(q.dtype), params.causal, params.dropout, k.shape[2],
+        window=masks.window_size is not None, documents=masks.document_ids is not None,
+        block_size=masks.block_size if masks.block_mask is not None else None,
+    )  # fmt: skip
     if (
         cfg is None
         or interpreting()

@@ -27,7 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 
-from flashgpt.kernels.tuning import HOPPER_PASSES, LaunchConfig, hopper_config
+from flashgpt.kernels.tuning import HOPPER_PASSES, LaunchConfig
 
 HOPPER = GPUTarget("cuda", 90, 32)
 TRITON_PASSES = ("fwd", "bwd_dq", "bwd_dkdv", "bwd_fused")
@@ -106,11 +106,9 @@ def compile_passes(
     def hopper_cfg(kernel_pass: str) -> LaunchConfig | None:
         if config is not None:
             return config
-        cfg = hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len)
-        if cfg is None or mask == "none":
-            return cfg
-        block_size = 128 if mask == "blocks" else None
-        return launch.fit_gluon_to_masks(kernel_pass, cfg, head_dim, block_size, mask == "documents")
+        return launch.gluon_config(kernel_pass, head_dim, "bfloat16", True, dropout > 0, seq_len,
+                                   window=mask == "window", documents=mask == "documents",
+                                   block_size=128 if mask == "blocks" else None)  # fmt: skip
 
     gluon_tiles = tuple(tile_key(p, hopper_cfg(p)) for p in passes if p in HOPPER_PASSES and hopper_cfg(p))
     masks = _masks(mask, seq_len, tuple(tile_key(p, cfg(p)) for p in TRITON_PASSES) + gluon_tiles)

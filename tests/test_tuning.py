@@ -231,8 +231,9 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
         # Under masks programs of three math warpgroups drop to one (the forward's 192 rows to 64, the dK/dV
         # pass's 32 x 192 tiles to 64 x 64); under documents the dQ pass takes 64-key tiles; a forward of one
         # math warpgroup takes 64 x 64 tiles at maxnreg 80 (three programs an SM).
-        for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=True)
-        for_window = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=False)
+        dropout = gpt2_dropout > 0
+        for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=True, dropout=dropout)
+        for_window = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=False, dropout=dropout)
         rows, keys, maxnreg = expected.block_m, expected.block_n, expected.maxnreg
         if kernel_pass == "fwd_hopper":
             rows, keys, maxnreg = 64, 64, 80
@@ -250,7 +251,7 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
             expected if for_documents == expected else None
         )  # a schedule for other tiles does not serve
         blocks = replace(launch.NO_MASKS, block_mask=torch.ones(1, 128, 128, dtype=torch.bool))
-        fitted = launch.fit_gluon_to_masks(kernel_pass, expected, 64, 128, documents=False)  # blocks hold them whole
+        fitted = launch.fit_gluon_to_masks(kernel_pass, expected, 64, 128, False, dropout)  # blocks hold them whole
         assert fitted is not None and 128 % fitted.block_m == 0 and 128 % fitted.block_n == 0
         assert decide(masks=blocks) is None  # no schedule for the pass's tiling
         assert decide(masks=replace(blocks, tiles=(tile_key(kernel_pass, fitted),))) == fitted
@@ -273,40 +274,89 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
 
 @pytest.mark.parametrize("dropout", [False, True])
 def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_take_it(dropout):
-    """`launch.gluon_tiles`, which `flash_mask` adds to the tilings it builds schedules for on a Hopper GPU: the
-    tiling of each Gluon pass that the table lists for the shape (with dropout: those that draw the mask) as masks
-    fit it (the forward's 192 rows drop to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys
-    drop to 64 x 64; under documents the dQ pass takes 64-key tiles), and none for a call the Gluon passes never
-    take (not causal, fp32)."""
+    """`launch.gluon_tiles`, which `flash_mask` adds to the tilings it builds schedules for on a Hopper GPU (for
+    document ids or a block mask): the tiling of each Gluon pass that the table lists for the shape, with dropout
+    also those it lists only without dropout (`launch.gluon_config`), as masks fit them (the forward's 192 rows drop
+    to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys drop to 64 x 64; under documents or with
+    dropout the dQ pass takes 64-key tiles), and none for a call the Gluon passes never take (not causal, fp32) or
+    that has no schedule to build."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
 
-    def expected(seq_len: int, documents: bool) -> tuple:
+    def expected(seq_len: int) -> tuple:
         tiles = []
         for kernel_pass in PASSES:
             name = launch.GLUON_PASSES.get(kernel_pass)
             cfg = hopper_config(name, 64, "bfloat16", True, dropout, seq_len) if name else None
+            if name and cfg is None and dropout:
+                cfg = hopper_config(name, 64, "bfloat16", True, False, seq_len)
             if cfg is not None:
                 rows = 64 if name == "fwd_hopper" else cfg.block_m
-                keys = 64 if name == "fwd_hopper" or (name == "bwd_dq_hopper" and documents) else cfg.block_n
+                keys = 64 if name == "fwd_hopper" or name == "bwd_dq_hopper" else cfg.block_n
                 if name == "bwd_dkdv_hopper" and keys == 192:
                     rows, keys = 64, 64
                 tiles.append(tile_key(name, replace(cfg, block_m=rows, block_n=keys)))
         return tuple(tiles)
 
     for seq_len in SEQ_LEN_BUCKETS:
-        assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, seq_len) == expected(seq_len, False)
-        assert launch.gluon_tiles(PASSES, 64, torch.float16, True, dropout, seq_len) == expected(seq_len, False)
         with_documents = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, seq_len, documents=True)
-        assert with_documents == expected(seq_len, True)
-        assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, False, dropout, seq_len) == ()
-        assert launch.gluon_tiles(PASSES, 64, torch.float32, True, dropout, seq_len) == ()
-    assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384)  # the table lists D = 64 at 16K
+        assert with_documents == expected(seq_len)
+        assert launch.gluon_tiles(PASSES, 64, torch.float16, True, dropout, seq_len, documents=True) == with_documents
+        assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, False, dropout, seq_len, documents=True) == ()
+        assert launch.gluon_tiles(PASSES, 64, torch.float32, True, dropout, seq_len, documents=True) == ()
+        assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, seq_len) == ()  # nothing to schedule
+    assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, documents=True)  # D = 64 at 16K
     # Under a block mask, the tilings fitted to its blocks (`fit_gluon_to_blocks`), none where no tile fits.
     fitted = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=128)
     assert fitted and all(128 % row_tile == 0 and 128 % col_tile == 0 for _, row_tile, col_tile in fitted)
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=40) == ()
+
+
+def test_masked_calls_with_dropout_take_the_gluon_passes_the_table_lists_without_dropout():
+    """At D = 64 the table lists no Gluon forward with dropout and no Gluon dQ pass with dropout at 16K (dense, the
+    Triton forward and the fused backward win). Under documents or a block mask both take their configuration
+    without dropout, fitted to the masks (the forward on 64 x 64 tiles at maxnreg 80, the dQ pass on 64-key tiles:
+    with dropout 64 x 128 spills); under a window alone only the dQ pass does. Dense calls, and D = 128, whose
+    table lists the passes with dropout, keep the table's choice."""
+    from flashgpt.kernels import launch
+
+    def config(kernel_pass, head_dim=64, dropout=True, **masks):
+        return launch.gluon_config(kernel_pass, head_dim, "bfloat16", True, dropout, 16384, **masks)
+
+    forward, dq = LaunchConfig(64, 64, 4, 2, True, 80), LaunchConfig(64, 64, 4, 2, True, 128)
+    for masks in ({"documents": True}, {"block_size": 128}, {"documents": True, "window": True}):
+        assert config("fwd_hopper", **masks) == forward
+        assert config("bwd_dq_hopper", **masks) == dq
+        assert config("bwd_dkdv_hopper", **masks) == hopper_config("bwd_dkdv_hopper", 64, "bfloat16", True, True, 16384)
+    assert config("fwd_hopper", window=True) is None
+    assert config("bwd_dq_hopper", window=True) == dq
+    assert config("fwd_hopper") is None and config("bwd_dq_hopper") is None  # dense
+    assert config("fwd_hopper", dropout=False, documents=True) == forward
+    assert config("bwd_dq_hopper", dropout=False, window=True).block_n == 128  # 64 x 128 without dropout
+    d128 = hopper_config("fwd_hopper", 128, "bfloat16", True, True, 16384)
+    assert d128 is not None and config("fwd_hopper", head_dim=128, documents=True) == d128
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_masked_calls_take_the_split_backward_where_the_gluon_passes_take_their_masks(monkeypatch, dropout):
+    """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64 at 16K: a call under a sliding window
+    (the Gluon passes take it without a schedule) takes the split backward with and without dropout, while a dense
+    call takes the table's backward (with dropout the Gluon fused one)."""
+    from dataclasses import replace
+
+    from flashgpt.kernels import attention_op, launch
+
+    monkeypatch.setattr(launch, "is_hopper", lambda device: True)
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    q, k, v, o, do = (torch.zeros(1, 2, 16384, 64, dtype=torch.bfloat16) for _ in range(5))
+    params = launch.AttentionParams(True, dropout, 0.125)
+    window = replace(launch.NO_MASKS, window_size=1024)
+    assert attention_op._backward_schedule(q, k, v, o, do, params, window, False) == (None, False)
+    fused_hopper = hopper_config("bwd_fused_hopper", 64, "bfloat16", True, dropout > 0, 16384)
+    assert (fused_hopper is not None) == (dropout > 0)
+    dense = attention_op._backward_schedule(q, k, v, o, do, params, launch.NO_MASKS, False)
+    assert dense == ((fused_hopper, True) if fused_hopper is not None else (None, False))
 
 
 def test_only_a_d64_masked_forward_takes_three_programs_an_sm():
@@ -316,12 +366,12 @@ def test_only_a_d64_masked_forward_takes_three_programs_an_sm():
 
     d64 = hopper_config("fwd_hopper", 64, "bfloat16", True, False, 16384)
     d128 = hopper_config("fwd_hopper", 128, "bfloat16", True, False, 16384)
-    assert launch.fit_gluon_to_masks("fwd_hopper", d64, 64, None, False) == LaunchConfig(64, 64, 4, 2, True, 80)
-    assert launch.fit_gluon_to_masks("fwd_hopper", d128, 128, None, False) == d128
-    assert launch.fit_gluon_to_masks("fwd_hopper", d128, 128, 128, True) == d128
+    assert launch.fit_gluon_to_masks("fwd_hopper", d64, 64, None, False, False) == LaunchConfig(64, 64, 4, 2, True, 80)
+    assert launch.fit_gluon_to_masks("fwd_hopper", d128, 128, None, False, False) == d128
+    assert launch.fit_gluon_to_masks("fwd_hopper", d128, 128, 128, True, False) == d128
     for kernel_pass in ("bwd_dq_hopper", "bwd_dkdv_hopper"):
         cfg = hopper_config(kernel_pass, 64, "bfloat16", True, False, 16384)
-        assert launch.fit_gluon_to_masks(kernel_pass, cfg, 64, None, False).maxnreg == cfg.maxnreg
+        assert launch.fit_gluon_to_masks(kernel_pass, cfg, 64, None, False, False).maxnreg == cfg.maxnreg
 
 
 def test_masked_gluon_grids_put_heads_fastest_only_under_documents():

@@ -44,6 +44,13 @@ CASES = [
     (64, 4096, 4096, None, None, "heads", 0.1),
     (64, 2048, 2048, None, None, "sparse", 0.1),
     (128, 4096, 4096, None, None, "heads", 0.1),
+    # D = 64 with dropout under masks, where the Gluon passes take their configuration without dropout
+    # (`launch.gluon_config`): documents, a window alone (the dQ and dK/dV passes), a block mask, ragged.
+    (64, 16384, 16384, None, "mixed", None, 0.1),
+    (64, 8192, 8192, 1024, "mixed", None, 0.1),
+    (64, 16384, 16384, 1024, None, None, 0.1),
+    (64, 16384, 16384, None, None, "heads", 0.1),
+    (64, 3000, 4096, None, None, "heads", 0.1),
 ]
 
 
