@@ -8,8 +8,9 @@ differs); GPU time per kernel from torch.profiler.
     PYTHONPATH=.:scripts python results/tuning/h200-2026-11-27-masked-dropout/ab_masked_dropout.py --out ab.json
 
 A variant is "tuned" or "+"-joined parts: "split" (the split backward instead of the fused one), or
-PASS=ROWSxCOLS@MAXNREG (fwd, dq, dkdv): the Gluon pass takes the call with these tiles (2 stages; the dK/dV pass
-keeps its table's 4).
+PASS=ROWSxCOLS@MAXNREG[sSTAGES] (fwd, dq, dkdv): the Gluon pass takes the call with these tiles (default stages:
+2; 4 for the dK/dV pass, as its table has them). Plan "stages" runs without dropout: the depth of the masked
+passes' rings (the Nsight Compute profile found them latency-bound).
 """
 
 import argparse
@@ -30,7 +31,7 @@ from flashgpt.kernels.tuning import LaunchConfig
 TUNED = (launch.hopper_config, launch.fit_gluon_to_masks, attention_op._backward_schedule)
 PASSES = {"fwd": "fwd_hopper", "dq": "bwd_dq_hopper", "dkdv": "bwd_dkdv_hopper"}
 PROFILE = Profile("cuda", torch.bfloat16, block_size=128, check_seq_len=4096, dropout_check_seq_len=1024)
-DROPOUT = 0.1
+DROPOUT = 0.1  # the plan's (`main`)
 MASKS = ["window_1k", "window_4k", "documents", "local_global", "strided", "butterfly"]
 VARIANTS = [
     "tuned",
@@ -43,10 +44,22 @@ VARIANTS = [
 ]
 # --plan first: the Gluon forward, and the split backward with Gluon passes, under every mask at 16K and two at 4K
 FIRST = [(16384, MASKS, VARIANTS), (4096, ["documents", "strided"], VARIANTS)]
-PLANS = {"first": FIRST}
+# --plan stages: without dropout, deeper rings for the masked passes (forward 64 x 64 at maxnreg 80: three programs
+# an SM fit three or four stages, 57.6 / 74.0 KB each; the dQ pass on 64 x 64 tiles, two programs, four)
+STAGES = [
+    (
+        16384,
+        ["documents", "local_global", "strided", "window_1k"],
+        ["tuned", "fwd=64x64@80s3", "fwd=64x64@80s4", "dq=64x64@128s4", "dkdv=64x64@128s5"],
+    ),
+    (65536, ["documents"], ["tuned", "fwd=64x64@80s3", "fwd=64x64@80s4"]),
+]
+# --plan stages-dropout: the same for the forward and dQ pass with dropout
+STAGES_DROPOUT = [(16384, ["documents", "strided"], ["tuned", "fwd=64x64@80s3", "dq=64x64@128s4"])]
+PLANS = {"first": (0.1, FIRST), "stages": (0.0, STAGES), "stages-dropout": (0.1, STAGES_DROPOUT)}
 
 
-def parse_variant(spec: str) -> tuple[bool, dict[str, tuple[int, int, int]]]:
+def parse_variant(spec: str) -> tuple[bool, dict[str, tuple[int, int, int, int | None]]]:
     if spec == "tuned":
         return False, {}
     split, out = False, {}
@@ -55,9 +68,10 @@ def parse_variant(spec: str) -> tuple[bool, dict[str, tuple[int, int, int]]]:
             split = True
             continue
         name, tiles = part.split("=")
-        tiles, _, maxnreg = tiles.partition("@")
+        tiles, _, regs = tiles.partition("@")
+        maxnreg, _, stages = regs.partition("s")
         rows, cols = tiles.split("x")
-        out[PASSES[name]] = (int(rows), int(cols), int(maxnreg))
+        out[PASSES[name]] = (int(rows), int(cols), int(maxnreg), int(stages) if stages else None)
     return split, out
 
 
@@ -67,14 +81,14 @@ def use(spec: str) -> None:
 
     def config(kernel_pass, head_dim, dtype, causal, dropout, seq_len):
         if kernel_pass in overrides:
-            rows, cols, maxnreg = overrides[kernel_pass]
-            stages = 4 if kernel_pass == "bwd_dkdv_hopper" else 2
+            rows, cols, maxnreg, stages = overrides[kernel_pass]
+            stages = stages or (4 if kernel_pass == "bwd_dkdv_hopper" else 2)
             return LaunchConfig(rows, cols, 4, stages, True, maxnreg)
         return tuned_config(kernel_pass, head_dim, dtype, causal, dropout, seq_len)
 
-    def fit(kernel_pass, cfg, head_dim, block_size, documents):
+    def fit(kernel_pass, cfg, head_dim, block_size, documents, dropout):
         if kernel_pass not in overrides:
-            return tuned_fit(kernel_pass, cfg, head_dim, block_size, documents)
+            return tuned_fit(kernel_pass, cfg, head_dim, block_size, documents, dropout)
         return cfg if block_size is None else launch.fit_gluon_to_blocks(kernel_pass, cfg, block_size)
 
     def schedule(*args):
@@ -178,8 +192,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plan", choices=list(PLANS), default="first")
     args = parser.parse_args()
+    global DROPOUT
+    DROPOUT, plan = PLANS[args.plan]
     results = []
-    for seq_len, masks, variants in PLANS[args.plan]:
+    for seq_len, masks, variants in plan:
         for mask in masks:
             try:
                 results.append(run_case(seq_len, mask, variants, args.rounds))
