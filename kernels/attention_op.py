@@ -479,10 +479,11 @@ _BACKWARD_SCHEDULES: dict[tuple, tuple[LaunchConfig | None, bool]] = {}
 
 def _backward_schedule(q, k, v, o, do, params: AttentionParams, masks: FlashMask, deterministic: bool) -> tuple:
     """(the Gluon fused pass's configuration or None, whether the backward is the fused one). The fused backward
-    sums dQ in an order that varies between runs: only where determinism is not asked for. Its Gluon pass, where
-    the table lists it for the shape, comes before the Triton one. Masks that the Gluon split passes take (a
-    window, documents, a block mask) take the split backward: with documents at 16K and 64K, fwd+bwd through the
-    Gluon passes ran 1.14x and 1.15x the Triton forward and fused backward
+    sums dQ in an order that varies between runs: only where determinism is not asked for. Its Gluon pass, where the
+    table lists it for the shape (with dropout), comes before the Triton one, with masks too (under masks with
+    dropout it ran 0.99-1.11x the split backward through the Gluon passes, fwd+bwd). Masks that the Gluon split
+    passes take (a window, documents, a block mask) otherwise take the split backward: with documents at 16K and
+    64K, fwd+bwd through the Gluon passes ran 1.14x and 1.15x the Triton forward and fused backward
     (`results/tuning/h200-2026-11-27-gluon-documents/`); with dropout at 16K the split backward through the Gluon
     passes (dQ on 64-key tiles) ran 0.99-1.33x the Triton fused one under every mask
     (`results/tuning/h200-2026-11-27-masked-dropout/`)."""
@@ -537,7 +538,8 @@ def _backward_launches(
         if fused:  # each launch runs as it is made: δ and the zeroed accumulator, the sums, dQ's cast
             launches = [launch_preprocess(o, do, delta, dlse, dq_acc)]
             if fused_hopper is not None:
-                launches.append(launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, fused_hopper))
+                launches.append(launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, fused_hopper,
+                                                    masks))  # fmt: skip
             else:
                 launches.append(launch_dkdv(q, k, v, do, lse, delta, dk, dv, params, cfg("bwd_fused"), masks,
                                             dq_acc=dq_acc, dq_reduce=dq_reduce(q)))  # fmt: skip

@@ -164,8 +164,8 @@ def _dkdv_step(
     with Sᵀ, so that Sᵀ and dPᵀ are never in flight together (the second schedule in the module docstring).
     DROPOUT: with keep-mask Z and keep-scale c, dV += (Z ∘ Pᵀ)·dO (c applied once, at the end) and
     dSᵀ = Pᵀ ∘ (c·Z ∘ dPᵀ − δ); the mask is drawn while Sᵀ's product runs."""
-    start_n, offs_n, key_ids, kept, valid = keys
-    shift, qk_scale, rng, dropout_scale, seq_len_k, window_size, docs, _ = consts
+    start_n, kept = keys[0], keys[3]
+    qk_scale, rng, dropout_scale, seq_len_k = consts[1], consts[2], consts[3], consts[4]
     k_op, v_op = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
     start_m = query_start(tile, lo, kept, q_ring.shape[1], SPARSE)
@@ -207,16 +207,7 @@ def _dkdv_step(
 
     pT = gl.exp2(sT * qk_scale - lse2[None, :])
     if MASKED:
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-        seen = (offs_m + shift)[None, :] >= offs_n[:, None]
-        if WINDOW:
-            seen = seen & ((offs_m + shift)[None, :] < offs_n[:, None] + window_size)
-        if DOCS:
-            query_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1))
-            seen = seen & (query_ids[None, :] == key_ids[:, None])
-        if SPARSE:  # positions outside the warpgroup's runs (a walk with no kept tile) are masked whole
-            seen = seen & (tile >= valid[0]) & (tile < valid[1])
-        pT = gl.where(seen, pT, 0.0)
+        pT = hide_unseen(pT, start_m, tile, keys, consts, WINDOW, DOCS, SPARSE)
     pdT = gl.where(keep, pT, 0.0) if DROPOUT else pT
     dv = warpgroup_mma(gl.convert_layout(pdT.to(dtype), p_layout), do_tile, dv, use_acc=not FIRST, is_async=True)
     if LATE_DP:
@@ -230,6 +221,28 @@ def _dkdv_step(
         dsT = pT * (dpT - delta[None, :])
     dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
     return dk, dv
+
+
+@gluon.jit
+def hide_unseen(pT, start_m, tile, keys, consts, WINDOW: gl.constexpr, DOCS: gl.constexpr, SPARSE: gl.constexpr):
+    """Pᵀ of keys keys = (start_n, offs_n, key_ids, kept, valid) and the query tile at start_m (the walk's tile
+    `tile`), with the pairs the masks hide set to 0: causal (query i at position i + shift sees keys up to it;
+    consts = (shift, …, seq_len_k, window_size, docs, …)), (WINDOW) the last window_size keys only, (DOCS) the keys
+    of its own document (key_ids: the keys' documents), and (SPARSE) no pair at positions outside the warpgroup's
+    runs valid = (first, end) (a walk with no kept tile)."""
+    offs_n, key_ids, valid = keys[1], keys[2], keys[4]
+    shift, seq_len_k, window_size, docs = consts[0], consts[4], consts[5], consts[6]
+    BLOCK_M: gl.constexpr = pT.shape[1]
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, pT.type.layout))
+    seen = (offs_m + shift)[None, :] >= offs_n[:, None]
+    if WINDOW:
+        seen = seen & ((offs_m + shift)[None, :] < offs_n[:, None] + window_size)
+    if DOCS:
+        query_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1))
+        seen = seen & (query_ids[None, :] == key_ids[:, None])
+    if SPARSE:
+        seen = seen & (tile >= valid[0]) & (tile < valid[1])
+    return gl.where(seen, pT, 0.0)
 
 
 @gluon.jit
@@ -256,15 +269,8 @@ def _consumer(
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    valid = (0, 0)
-    if WINDOW or DOCS or SPARSE:
-        runs = query_runs(start_n, tiles, consts, BLOCK_M, BLOCK_N, WINDOW, DOCS)
-        if SPARSE:
-            runs, valid = kept_query_runs(runs, kept, lo // BLOCK_M, n_tiles)
-        mine, masked_end, full_end, seen_end = runs
-        hand_back(ring, 0, mine)
-    else:
-        mine, masked_end = skip_unseen_tiles(start_n, tiles, consts[0], ring, BLOCK_N, CAUSAL)
+    mine, masked_end, full_end, seen_end, valid = consumer_runs(start_n, tiles, consts, ring, BLOCK_N, CAUSAL,
+                                                                WINDOW, DOCS, SPARSE)  # fmt: skip
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     if HEAD_DIM <= 64:  # K as Sᵀ's left operand from registers: the product then reads only Qᵀ from shared memory
@@ -300,6 +306,40 @@ def _consumer(
     if DROPOUT:
         dv = dv * consts[3]
     store_dk_dv(dk, dv, (k_smem, v_smem), outs, start_n)
+
+
+@gluon.jit
+def consumer_runs(
+    start_n,
+    tiles,
+    consts,
+    ring,
+    BLOCK_N: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
+):
+    """The walk of the warpgroup whose BLOCK_N keys start at start_n over the program's query tiles
+    tiles = (lo, n_tiles, hi, kept), counted from lo: (mine, masked_end, full_end, seen_end, valid). Tiles
+    [mine, masked_end) are masked, then (under a window, documents or a block mask) [masked_end, full_end) seen
+    whole and [full_end, seen_end) masked again (`query_runs`; SPARSE: positions in the kept-tile list, of which
+    the warpgroup's runs hold valid = (first, end), `kept_query_runs`); dense, the rest is mask-free up to n_tiles
+    (`skip_unseen_tiles`). The tiles before mine are handed back unread here."""
+    lo, n_tiles, kept = tiles[0], tiles[1], tiles[3]
+    BLOCK_M: gl.constexpr = ring[2].shape[1]
+    valid = (0, 0)
+    if WINDOW or DOCS or SPARSE:
+        runs = query_runs(start_n, tiles, consts, BLOCK_M, BLOCK_N, WINDOW, DOCS)
+        if SPARSE:
+            runs, valid = kept_query_runs(runs, kept, lo // BLOCK_M, n_tiles)
+        mine, masked_end, full_end, seen_end = runs
+        hand_back(ring, 0, mine)
+    else:
+        mine, masked_end = skip_unseen_tiles(start_n, tiles, consts[0], ring, BLOCK_N, CAUSAL)
+        full_end = n_tiles
+        seen_end = n_tiles
+    return mine, masked_end, full_end, seen_end, valid
 
 
 @gluon.jit
@@ -410,6 +450,69 @@ def store_dk_dv(dk, dv, kv, outs, start_n):
     tma.store_wait(0)
 
 
+@gluon.jit
+def key_tile_walk(
+    tile,
+    b,
+    h,
+    shift,
+    seq_len_q,
+    window_size,
+    DocIds,
+    stride_doc,
+    DocRanges,
+    stride_ranges,
+    KeptCount,
+    KeptIndex,
+    stride_count_h,
+    stride_index_h,
+    stride_index_r,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
+):
+    """The query tiles the program of key tile `tile` (BLOCK_N keys) of head (b, h) walks, for the passes whose
+    programs own keys: (lo, n_tiles, hi, kept, docs, doc_range). Query rows [lo, hi), in n_tiles tiles of BLOCK_M,
+    see some key of the program (causal: shift = Tk − Tq aligns them to the bottom right); under a sliding window
+    and DocIds (document ids, with DocRanges their schedule for this tiling) where not None, only those that may;
+    under a block mask (KeptIndex, KeptCount: its kept query tiles per key tile) the walk goes through the kept
+    tiles from lo to hi, n_tiles positions of the list kept = (kept, n_kept, p_lo) from p_lo ((0, 0, 0) without).
+    docs: the batch's document ids (0 without); doc_range: the tile's ranges (`load_range`; 0 without)."""
+    DOCS: gl.constexpr = DocIds is not None
+    SPARSE: gl.constexpr = KeptIndex is not None
+    start_n = tile * BLOCK_N
+    hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
+    if DOCS:
+        docs = DocIds + b.to(gl.int64) * stride_doc
+        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + tile * 4)
+    else:
+        docs = 0
+        doc_range = 0
+    if WINDOW or DOCS or SPARSE:  # the walk keeps at least one tile
+        seen_lo = gl.maximum(start_n - shift, 0)
+        seen_hi = hi
+        if WINDOW:  # queries from start_n + BLOCK_N − 1 − shift + W on see none of the keys
+            seen_hi = gl.minimum(seen_hi, start_n + BLOCK_N - 1 - shift + window_size)
+        if DOCS:
+            seen_lo = gl.maximum(seen_lo, doc_range[0])
+            seen_hi = gl.minimum(seen_hi, doc_range[1])
+        lo = gl.minimum(seen_lo // BLOCK_M * BLOCK_M, hi - BLOCK_M)
+        hi = gl.maximum(gl.cdiv(gl.maximum(seen_hi, 0), BLOCK_M) * BLOCK_M, lo + BLOCK_M)
+    else:
+        lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
+    n_tiles = (hi - lo) // BLOCK_M
+    if SPARSE:
+        kept_ptr = KeptIndex + h * stride_index_h + tile * stride_index_r
+        n_kept = gl.load(KeptCount + h * stride_count_h + tile)
+        p_lo = lower_bound(kept_ptr, n_kept, lo // BLOCK_M)
+        n_tiles = gl.maximum(lower_bound(kept_ptr, n_kept, hi // BLOCK_M) - p_lo, 1)
+        kept = (kept_ptr, n_kept, p_lo)
+    else:
+        kept = (0, 0, 0)
+    return lo, n_tiles, hi, kept, docs, doc_range
+
+
 @gluon.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
 def flash_bwd_dkdv_hopper_kernel(
     q_desc,
@@ -480,36 +583,11 @@ def flash_bwd_dkdv_hopper_kernel(
     init_ring(ring, CONSUMERS)
     fence_async_shared()
 
-    # Query tiles [lo, hi) see some key of this program (causal: shift = Tk − Tq aligns them to the bottom right).
     shift = seq_len_k - seq_len_q
-    hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
-    if DOCS:
-        docs = DocIds + b.to(gl.int64) * stride_doc
-        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + tile * 4)
-    else:
-        docs = 0
-        doc_range = 0
-    if WINDOW or DOCS or SPARSE:  # the walk keeps at least one tile
-        seen_lo = gl.maximum(start_n - shift, 0)
-        seen_hi = hi
-        if WINDOW:  # queries from start_n + BLOCK_N − 1 − shift + W on see none of the keys
-            seen_hi = gl.minimum(seen_hi, start_n + BLOCK_N - 1 - shift + window_size)
-        if DOCS:
-            seen_lo = gl.maximum(seen_lo, doc_range[0])
-            seen_hi = gl.minimum(seen_hi, doc_range[1])
-        lo = gl.minimum(seen_lo // BLOCK_M * BLOCK_M, hi - BLOCK_M)
-        hi = gl.maximum(gl.cdiv(gl.maximum(seen_hi, 0), BLOCK_M) * BLOCK_M, lo + BLOCK_M)
-    else:
-        lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
-    n_tiles = (hi - lo) // BLOCK_M
-    if SPARSE:  # the walk goes through the kept query tiles from lo to hi: n_tiles positions of the list from p_lo
-        kept_ptr = KeptIndex + h * stride_index_h + tile * stride_index_r
-        n_kept = gl.load(KeptCount + h * stride_count_h + tile)
-        p_lo = lower_bound(kept_ptr, n_kept, lo // BLOCK_M)
-        n_tiles = gl.maximum(lower_bound(kept_ptr, n_kept, hi // BLOCK_M) - p_lo, 1)
-        kept = (kept_ptr, n_kept, p_lo)
-    else:
-        kept = (0, 0, 0)
+    lo, n_tiles, hi, kept, docs, doc_range = key_tile_walk(
+        tile, b, h, shift, seq_len_q, window_size, DocIds, stride_doc, DocRanges, stride_ranges, KeptCount, KeptIndex,
+        stride_count_h, stride_index_h, stride_index_r, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+    )  # fmt: skip
 
     mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):

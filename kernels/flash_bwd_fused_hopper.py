@@ -32,13 +32,20 @@ stores that put it there, ptxas serialised every product of the kernel, C7512).
 - With dropout the mask rides in Pᵀ's sign once Pᵀ is computed (a dropped element becomes −P), so its decisions
   need no registers through dV's and dS's products: that took the spills from 80 bytes to a few.
 
+Masks (causal) as the dK/dV pass takes them: under a sliding window, documents or a block mask each warpgroup
+walks its runs of query tiles (`consumer_runs`), masks the pairs they hide in its masked steps (`hide_unseen`),
+and hands the other tiles back unread; a block mask's programs start long walks first.
+
 With dropout 0.1, causal, 16K tokens a call, against the split backward (Gluon dQ and dK/dV passes) this pass ran
 1.04 / 1.20 / 1.23 / 1.22 / 1.27× faster at D = 64 and 1.05 / 1.15 / 1.18 / 1.21 / 1.20× at D = 128, 1K-16K
 (`results/tuning/h200-2026-11-27-gluon-fused-dropout/`, `results/tuning/h200-2026-11-27-gluon-fused-d128/`).
-Without dropout the split backward is as fast or faster (by up to 7% at D = 64 and 7-13% at D = 128: its dQ pass
-owns its rows and needs no reduce), so the table takes this pass only with dropout.
+Under masks the gain is smaller: fwd+bwd 0.99-1.07× at D = 64 at 16K (the masked steps spill 112-176 bytes at
+maxnreg 128; at 152, which spills 40, it ran 0.88-0.93×), 1.11× under documents at 64K, and 1.04-1.11× at
+D = 128 (`results/tuning/h200-2026-11-27-masked-dropout/`). Without dropout the split backward is as fast or
+faster (by up to 7% at D = 64 and 7-13% at D = 128: its dQ pass owns its rows and needs no reduce), so the table
+takes this pass only with dropout.
 
-Dense, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T; the tensors must suit tensor
+Dense or masked, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T; the tensors must suit tensor
 descriptors (`launch.hopper_launch_config` checks) and dQ_acc (B, H, Tq, D) fp32 is contiguous and zeroed
 (`launch.launch_preprocess`, which also writes δ). Gluon has no interpreter path: the CPU tests compile this pass
 for sm_90a (`tests/test_kernel_codegen.py`) and `scripts/bench_attention.py --check-only` checks it on the GPU.
@@ -54,24 +61,59 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .flash_bwd_dkdv_hopper import _producer, init_ring, query_ring, skip_unseen_tiles, store_dk_dv
-from .gluon_common import LOG2E, load_head_tile, mma_layout, reduce_add_head_tile, tile_layout
+from .flash_bwd_dkdv_hopper import (
+    _producer,
+    consumer_runs,
+    hand_back,
+    hide_unseen,
+    init_ring,
+    key_tile_walk,
+    query_ring,
+    query_start,
+    store_dk_dv,
+)
+from .gluon_common import (
+    LOG2E,
+    load_head_tile,
+    long_walks_first,
+    mma_layout,
+    reduce_add_head_tile,
+    tile_and_head,
+    tile_layout,
+)
 from .gluon_dropout import keep_mask_t
 
 
 @gluon.jit
-def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.constexpr, FIRST: gl.constexpr,
-                DROPOUT: gl.constexpr):  # fmt: skip
-    """One query tile's share of (dK, dV), dK's product still in flight when it returns, and its dQ rows += dS·K
-    sent to the accumulator. MASKED: the tile crosses the causal diagonal. FIRST: the warpgroup's first tile, whose
-    products start dK and dV. At D > 64 (dK and dV take 128 registers a thread) dPᵀ is issued after dV's product,
-    so that Sᵀ and dPᵀ are never in flight together, and dQ is computed transposed, dQᵀ = Kᵀ·dSᵀ, so that a query
-    tile of 32 rows (a product's rows are 64) keeps its accumulator at 32 registers."""
-    start_n, offs_n, b, h = keys
-    shift, qk_scale, rng, dropout_scale, seq_len_k = consts
+def _fused_step(
+    dk,
+    dv,
+    tile,
+    kv,
+    ring,
+    dq_out,
+    lo,
+    keys,
+    consts,
+    MASKED: gl.constexpr,
+    FIRST: gl.constexpr,
+    DROPOUT: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
+):
+    """One query tile's share of (dK, dV) (SPARSE: the walk's tile `tile` is a position in the kept-tile list), dK's
+    product still in flight when it returns, and its dQ rows += dS·K sent to the accumulator. MASKED: the tile
+    crosses the causal diagonal, (WINDOW) the upper edge of a causal sliding window or (DOCS) a document's edge
+    (`hide_unseen`). FIRST: the warpgroup's first tile, whose products start dK and dV. At D > 64 (dK and dV take
+    128 registers a thread) dPᵀ is issued after dV's product, so that Sᵀ and dPᵀ are never in flight together, and
+    dQ is computed transposed, dQᵀ = Kᵀ·dSᵀ, so that a query tile of 32 rows (a product's rows are 64) keeps its
+    accumulator at 32 registers."""
+    start_n, kept = keys[0], keys[3]
+    qk_scale, rng, dropout_scale, seq_len_k = consts[1], consts[2], consts[3], consts[4]
     k_smem, v_smem = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
-    ds_smem, dq_smem, dq_desc = dq_out
+    ds_smem, dq_smem, dq_desc, b, h = dq_out
     STAGES: gl.constexpr = q_ring.shape[0]
     BLOCK_M: gl.constexpr = q_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_ring.shape[2]
@@ -93,7 +135,7 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
         dpT = warpgroup_mma(v_smem, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
     lse2 = lse_ring.index(slot).load(row_layout)
     delta = delta_ring.index(slot).load(row_layout)
-    start_m = lo + tile * BLOCK_M
+    start_m = query_start(tile, lo, kept, BLOCK_M, SPARSE)
     if DROPOUT:
         keep = keep_mask_t(rng, start_m, start_n, seq_len_k, BLOCK_N, BLOCK_M)
     if FIRST:
@@ -105,8 +147,7 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
 
     pT = gl.exp2(sT * qk_scale - lse2[None, :])
     if MASKED:
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-        pT = gl.where((offs_m + shift)[None, :] >= offs_n[:, None], pT, 0.0)
+        pT = hide_unseen(pT, start_m, tile, keys, consts, WINDOW, DOCS, SPARSE)
     if DROPOUT:  # from here a dropped element is −P, so the decisions need no registers
         pT = gl.where(keep, pT, -pT)
         pdT = gl.maximum(pT, 0.0)
@@ -152,31 +193,56 @@ def _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, MASKED: gl.con
 
 
 @gluon.jit
-def _consumer(kv, shared, start_n, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr):
-    """One warpgroup's 64 keys: walk the query tiles that see them, then store their dK (times the softmax scale)
-    and dV (times the dropout keep-scale) by TMA through K's and V's buffers."""
+def _consumer(
+    kv,
+    shared,
+    start_n,
+    CAUSAL: gl.constexpr,
+    DROPOUT: gl.constexpr,
+    WINDOW: gl.constexpr,
+    DOCS: gl.constexpr,
+    SPARSE: gl.constexpr,
+):
+    """One warpgroup's 64 keys: walk the query tiles that see them (under masks the runs of `consumer_runs`, the
+    program's later tiles handed back unread), then store their dK (times the softmax scale) and dV (times the
+    dropout keep-scale) by TMA through K's and V's buffers."""
     kv_ready, ring, dq_out, tiles, outs, consts = shared
     k_smem = kv[0]
-    lo, n_tiles, _ = tiles
-    b, h = outs[2], outs[3]
+    lo, n_tiles, kept = tiles[0], tiles[1], tiles[3]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     BLOCK_M: gl.constexpr = ring[2].shape[1]
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    mine, masked_end = skip_unseen_tiles(start_n, tiles, consts[0], ring, BLOCK_N, CAUSAL)
+    mine, masked_end, full_end, seen_end, valid = consumer_runs(start_n, tiles, consts, ring, BLOCK_N, CAUSAL,
+                                                                WINDOW, DOCS, SPARSE)  # fmt: skip
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
-    keys = (start_n, offs_n, b, h)
+    key_ids = gl.load(consts[6] + gl.minimum(offs_n, consts[4] - 1)) if DOCS else offs_n  # the keys' documents
+    keys = (start_n, offs_n, key_ids, kept, valid)
     # The first tile is peeled so that products, not zeros written by the warps, start dK and dV (an accumulator
     # written by plain instructions where paths merge makes ptxas serialise every product, C7515).
-    dk, dv = _fused_step(zeros, zeros, mine, kv, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT)
+    dk, dv = _fused_step(zeros, zeros, mine, kv, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT, WINDOW,
+                         DOCS, SPARSE)  # fmt: skip
     for tile in range(mine + 1, masked_end):
-        dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT)
-    for tile in range(masked_end, n_tiles):
-        dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, False, False, DROPOUT)
-    dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT, WINDOW, DOCS,
+                             SPARSE)  # fmt: skip
+    if WINDOW or DOCS or SPARSE:
+        for tile in range(masked_end, full_end):
+            dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, False, False, DROPOUT, WINDOW,
+                                 DOCS, SPARSE)  # fmt: skip
+        for tile in range(full_end, seen_end):
+            dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT, WINDOW,
+                                 DOCS, SPARSE)  # fmt: skip
+        dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+        mbarrier.arrive(ring[1].index((seen_end - 1) % ring[2].shape[0]), count=1)  # the last tile read
+        hand_back(ring, seen_end, n_tiles)
+    else:
+        for tile in range(masked_end, n_tiles):
+            dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, False, False, DROPOUT, WINDOW,
+                                 DOCS, SPARSE)  # fmt: skip
+        dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
     if DROPOUT:
         dv = dv * consts[3]
     tma.store_wait(0)
@@ -203,25 +269,46 @@ def flash_bwd_fused_hopper_kernel(
     offset_hi,
     dropout_threshold,
     dropout_scale,
+    window_size,
+    DocIds,
+    stride_doc,
+    DocRanges,
+    stride_ranges,
+    KeptCount,
+    KeptIndex,
+    stride_count_h,
+    stride_index_h,
+    stride_index_r,
+    WalkOrder,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
+    HEADS_FASTEST: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
-    """dK, dV (B, H, Tk, D) of the key tile program_id(0) (64 · CONSUMERS keys) of head program_id(1), and its
-    share of dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ.
-    Descriptors as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of
-    (1, 1, 64, D)), and dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`)."""
+    """dK, dV (B, H, Tk, D) of a key tile (64 · CONSUMERS keys) of a head (`tile_and_head`), and its share of
+    dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ. Descriptors
+    as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of (1, 1, 64, D)), and
+    dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`). Masks as the dK/dV pass takes
+    them (`flash_bwd_dkdv_hopper_kernel`): with CAUSAL, WINDOW (a sliding window of window_size keys), DocIds with
+    its schedule DocRanges, and KeptIndex with KeptCount, a block mask's kept query tiles per key tile, and
+    WalkOrder the order the key tiles' programs start in."""
+    DOCS: gl.constexpr = DocIds is not None
+    SPARSE: gl.constexpr = KeptIndex is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     KEYS: gl.constexpr = k_desc.block_type.shape[2]  # a warpgroup's
     BLOCK_N: gl.constexpr = KEYS * CONSUMERS
     gl.static_assert(CONSUMERS <= 2, "one or two math warpgroups")
-    bh = gl.program_id(1)
+    if SPARSE:
+        tile, bh = long_walks_first(WalkOrder, HEADS_FASTEST)
+    else:
+        tile, bh = tile_and_head(HEADS_FASTEST)
     b = bh // n_heads
     h = bh % n_heads
-    start_n = gl.program_id(0) * BLOCK_N
+    start_n = tile * BLOCK_N
 
     kv_layout: gl.constexpr = tile_layout(KEYS, HEAD_DIM, dtype)
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
@@ -235,11 +322,11 @@ def flash_bwd_fused_hopper_kernel(
     init_ring(ring, CONSUMERS)
     fence_async_shared()
 
-    # Query tiles [lo, hi) see some key of this program (causal: shift = Tk − Tq aligns them to the bottom right).
     shift = seq_len_k - seq_len_q
-    hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
-    lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
-    n_tiles = (hi - lo) // BLOCK_M
+    lo, n_tiles, hi, kept, docs, doc_range = key_tile_walk(
+        tile, b, h, shift, seq_len_q, window_size, DocIds, stride_doc, DocRanges, stride_ranges, KeptCount, KeptIndex,
+        stride_count_h, stride_index_h, stride_index_r, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+    )  # fmt: skip
 
     mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
@@ -250,30 +337,30 @@ def flash_bwd_fused_hopper_kernel(
     rows = (LSE + row_start, Delta + row_start, seq_len_q)
     outs = (dk_desc, dv_desc, b, h, softmax_scale)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)  # this head's dropout stream (`gluon_dropout.py`)
-    consts = (shift, softmax_scale * LOG2E, rng, dropout_scale, seq_len_k)
+    consts = (shift, softmax_scale * LOG2E, rng, dropout_scale, seq_len_k, window_size, docs, doc_range)
     # Constexprs go into each partition's argument tuple directly (a tuple bound to a name makes them run-time).
-    tiles = (lo, n_tiles, hi)
-    dq_out0 = (ds_smem.index(0), dq_smem.index(0), dq_acc_desc)
-    walk = (lo, n_tiles, (0, 0, 0))  # the producer's: every query tile from lo
+    tiles = (lo, n_tiles, hi, kept)
+    dq_out0 = (ds_smem.index(0), dq_smem.index(0), dq_acc_desc, b, h)
+    walk = (lo, n_tiles, kept)  # the producer's
     if CONSUMERS == 1:
         gl.warp_specialize(
             [
                 (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
-                             start_n, CAUSAL, DROPOUT)),
-                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, False)),
+                             start_n, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE)),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, SPARSE)),
             ],
             [1],
             [24],
         )  # fmt: skip
     else:
-        dq_out1 = (ds_smem.index(1), dq_smem.index(1), dq_acc_desc)
+        dq_out1 = (ds_smem.index(1), dq_smem.index(1), dq_acc_desc, b, h)
         gl.warp_specialize(
             [
                 (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
-                             start_n, CAUSAL, DROPOUT)),
+                             start_n, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE)),
                 (_consumer, ((k_smem.index(1), v_smem.index(1)), (kv_ready, ring, dq_out1, tiles, outs, consts),
-                             start_n + KEYS, CAUSAL, DROPOUT)),
-                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, False)),
+                             start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE)),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, SPARSE)),
             ],
             [4, 1],
             [232, 24],

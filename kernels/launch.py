@@ -488,17 +488,17 @@ def launch_dkdv(
 
 
 # The Gluon pass that may take a Triton pass's place under masks (`_gluon_masks`).
-GLUON_PASSES = {"fwd": "fwd_hopper", "bwd_dq": "bwd_dq_hopper", "bwd_dkdv": "bwd_dkdv_hopper"}
+GLUON_PASSES = {"fwd": "fwd_hopper", "bwd_dq": "bwd_dq_hopper", "bwd_dkdv": "bwd_dkdv_hopper",
+                "bwd_fused": "bwd_fused_hopper"}  # fmt: skip
 
 
 def _gluon_masks(kernel_pass: str, masks: FlashMask, causal: bool, cfg: LaunchConfig) -> bool:
     """Whether the Gluon pass `kernel_pass` takes these masks at cfg: none; or, causal, a sliding window, document
     ids and a block mask, the latter two where the mask holds a schedule for the pass's tiling (`flash_mask` builds
-    them where the passes are Gluon ones) and a block mask's blocks hold its tiles whole. The fused pass takes
-    none."""
+    them where the passes are Gluon ones) and a block mask's blocks hold its tiles whole."""
     if not masks.any:
         return True
-    if not causal or kernel_pass == "bwd_fused_hopper":
+    if not causal:
         return False
     if masks.block_mask is not None and not masks.block_exact(cfg.block_m, cfg.block_n):
         return False
@@ -572,13 +572,14 @@ def _gluon_mask_args(masks: FlashMask, kernel_pass: str, cfg: LaunchConfig) -> t
     return window, *docs, *blocks
 
 
-def _walk_order(masks: FlashMask, cfg: LaunchConfig) -> torch.Tensor | None:
-    """The order the Gluon dK/dV pass's programs take its key tiles in under a block mask (long walks first,
+def _walk_order(kernel_pass: str, masks: FlashMask, cfg: LaunchConfig) -> torch.Tensor | None:
+    """The order the programs of a Gluon pass over key tiles (`kernel_pass`: the dK/dV or the fused backward) take
+    their key tiles in under a block mask (long walks first,
     `gluon_common.long_walks_first`); None without one. Under local + global, whose first key tiles every query
     sees, the pass ran 1.46x faster at 16K (0.390 -> 0.267 ms), fwd+bwd 1.18x, and 1.03x at 64K; strided and
     butterfly, whose walks are even, kept their speed (`results/tuning/h200-2026-11-27-long-walks/`). The forward
     and dQ passes' walks are even under every block mask the project names (a causal global row sees one tile)."""
-    return masks.tile_schedule("bwd_dkdv_hopper", cfg).order if masks.block_mask is not None else None
+    return masks.tile_schedule(kernel_pass, cfg).order if masks.block_mask is not None else None
 
 
 def launch_forward_hopper(
@@ -635,27 +636,33 @@ def launch_dkdv_hopper(
         flash_bwd_dkdv_hopper_kernel, gluon_grid(_cdiv(seq_len_k, n), batch * heads, first), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars[1:],
-        *_gluon_mask_args(masks, "bwd_dkdv_hopper", cfg), _walk_order(masks, cfg), STAGES=cfg.num_stages,
+        *_gluon_mask_args(masks, "bwd_dkdv_hopper", cfg), _walk_order("bwd_dkdv_hopper", masks, cfg),
+        STAGES=cfg.num_stages,
         CONSUMERS=n // 64,
         CAUSAL=params.causal, WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout,
         num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 
-def launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params: AttentionParams, cfg: LaunchConfig) -> Launch:
+def launch_fused_hopper(
+    q, k, v, do, lse, delta, dk, dv, dq_acc, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask = NO_MASKS
+) -> Launch:
     """dk, dv (B, H, Tk, D), and dS·K added into dq_acc (B, H, Tq, D) fp32 contiguous, through the Gluon fused
-    backward at cfg (`hopper_launch_config`): programs of cfg.block_n // 64 math warpgroups of 64 keys each. δ and
-    the zeroed dq_acc come from `launch_preprocess`, dq from `launch_dq_convert`; dk and dv are stored by TMA, as
-    in `launch_dkdv_hopper`."""
+    backward at cfg (`hopper_launch_config`): programs of cfg.block_n // 64 math warpgroups of 64 keys each, under
+    the masks as the dK/dV pass takes them. δ and the zeroed dq_acc come from `launch_preprocess`, dq from
+    `launch_dq_convert`; dk and dv are stored by TMA, as in `launch_dkdv_hopper`."""
     batch, heads, seq_len_q, _ = q.shape
     seq_len_k = k.shape[2]
     m, n = cfg.block_m, cfg.block_n
+    first = heads_fastest("bwd_fused_hopper", masks)
     return _launch(
-        flash_bwd_fused_hopper_kernel, (_cdiv(seq_len_k, n), batch * heads), head_descriptor(q, m),
+        flash_bwd_fused_hopper_kernel, gluon_grid(_cdiv(seq_len_k, n), batch * heads, first), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), head_descriptor(dq_acc, m), heads, seq_len_q, seq_len_k, params.softmax_scale,
-        *params.scalars[1:], STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal, DROPOUT=params.dropout,
-        num_warps=4, maxnreg=cfg.maxnreg,
+        *params.scalars[1:], *_gluon_mask_args(masks, "bwd_fused_hopper", cfg),
+        _walk_order("bwd_fused_hopper", masks, cfg), STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal,
+        WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout, num_warps=4,
+        maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

@@ -119,17 +119,15 @@ def compile_passes(
             launch.launch_dq(q, k, v, do, lse, delta, dq, params, cfg("bwd_dq"), masks, o=o)
         elif current in HOPPER_PASSES:
             hopper = hopper_cfg(current)
-            # The Gluon passes take every mask but the fused one.
-            masked = mask != "none" and current != "bwd_fused_hopper"
-            if hopper is None or not (mask == "none" or masked):
+            if hopper is None:
                 raise SystemExit(f"no {current} pass for D={head_dim}, T={seq_len}, dropout {dropout}, mask {mask}")
-            gluon_masks = masks if masked else launch.NO_MASKS
+            gluon_masks = masks or launch.NO_MASKS
             if current == "fwd_hopper":
                 launch.launch_forward_hopper(q, k, v, o, lse, params, hopper, gluon_masks)
             elif current == "bwd_dq_hopper":
                 launch.launch_dq_hopper(q, k, v, do, o, lse, None, delta, dq, params, hopper, gluon_masks)
             elif current == "bwd_fused_hopper":
-                launch.launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, hopper)
+                launch.launch_fused_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, params, hopper, gluon_masks)
             else:
                 launch.launch_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, params, hopper, gluon_masks)
         elif current == "bwd_dkdv":

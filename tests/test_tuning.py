@@ -181,12 +181,11 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
 ):
     """`launch.hopper_launch_config` on a Hopper GPU outside the interpreter (both simulated: CPU tensors stand in,
     the decision reads only shapes, strides, addresses, dtype and options): the table's configuration for a dense
-    causal bf16 or fp16 call at 16K, with dropout only for a pass that draws its mask; for every pass but the fused
-    backward also under a causal sliding window, and under document ids and a block mask where the mask holds a
-    schedule for the pass's tiling (fitted to the blocks: `launch.fit_gluon_to_blocks`); None for masks without
-    causal, fp32, a T the table does not list, or tensors a tensor descriptor cannot address (O included: the
-    forward stores it, the backward reads it); None on other GPUs, in the interpreter, and with a Triton release
-    other than the tested one (which imports no Gluon kernel)."""
+    causal bf16 or fp16 call at 16K (for the fused backward, with dropout); also under a causal sliding window, and
+    under document ids and a block mask where the mask holds a schedule for the pass's tiling (fitted to the blocks:
+    `launch.fit_gluon_to_blocks`); None for masks without causal, fp32, a T the table does not list, or tensors a
+    tensor descriptor cannot address (O included: the forward stores it, the backward reads it); None on other GPUs,
+    in the interpreter, and with a Triton release other than the tested one (which imports no Gluon kernel)."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -223,7 +222,6 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
         listed = [hopper_config(kernel_pass, 64, "bfloat16", True, dropout > 0, seq_len) for seq_len in SEQ_LEN_BUCKETS]
         assert [decide(seq_len=seq_len, dropout=dropout) for seq_len in SEQ_LEN_BUCKETS] == listed
     window = replace(launch.NO_MASKS, window_size=256)
-    assert (decide(masks=window) is None) == (kernel_pass == "bwd_fused_hopper")
     assert decide(masks=window, causal=False) is None
     documents = replace(launch.NO_MASKS, document_ids=torch.zeros(1, 16384, dtype=torch.int32))
     assert decide(masks=documents) is None  # no schedule for the pass's tiling
@@ -339,10 +337,11 @@ def test_masked_calls_with_dropout_take_the_gluon_passes_the_table_lists_without
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_masked_calls_take_the_split_backward_where_the_gluon_passes_take_their_masks(monkeypatch, dropout):
-    """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64 at 16K: a call under a sliding window
-    (the Gluon passes take it without a schedule) takes the split backward with and without dropout, while a dense
-    call takes the table's backward (with dropout the Gluon fused one)."""
+def test_masked_calls_take_the_gluon_backward_that_the_table_lists_for_dense_ones(monkeypatch, dropout):
+    """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64 at 16K, under a sliding window (which
+    the Gluon passes take without a schedule) as without masks: with dropout the Gluon fused backward, which draws
+    each dropout decision once; without, the split backward (the table lists no fused pass there, and the Gluon
+    split passes take the window)."""
     from dataclasses import replace
 
     from flashgpt.kernels import attention_op, launch
@@ -351,12 +350,13 @@ def test_masked_calls_take_the_split_backward_where_the_gluon_passes_take_their_
     monkeypatch.setattr(launch, "interpreting", lambda: False)
     q, k, v, o, do = (torch.zeros(1, 2, 16384, 64, dtype=torch.bfloat16) for _ in range(5))
     params = launch.AttentionParams(True, dropout, 0.125)
-    window = replace(launch.NO_MASKS, window_size=1024)
-    assert attention_op._backward_schedule(q, k, v, o, do, params, window, False) == (None, False)
     fused_hopper = hopper_config("bwd_fused_hopper", 64, "bfloat16", True, dropout > 0, 16384)
     assert (fused_hopper is not None) == (dropout > 0)
-    dense = attention_op._backward_schedule(q, k, v, o, do, params, launch.NO_MASKS, False)
-    assert dense == ((fused_hopper, True) if fused_hopper is not None else (None, False))
+    expected = (fused_hopper, True) if fused_hopper is not None else (None, False)
+    window = replace(launch.NO_MASKS, window_size=1024)
+    assert attention_op._backward_schedule(q, k, v, o, do, params, window, False) == expected
+    assert attention_op._backward_schedule(q, k, v, o, do, params, launch.NO_MASKS, False) == expected
+    assert attention_op._backward_schedule(q, k, v, o, do, params, window, True) == (None, False)  # deterministic
 
 
 def test_only_a_d64_masked_forward_takes_three_programs_an_sm():

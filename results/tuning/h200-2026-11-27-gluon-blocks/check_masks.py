@@ -20,9 +20,9 @@ import torch
 
 from flashgpt.attention_masks import dense_mask
 from flashgpt.attention_reference import reference_attention, rel_err
-from flashgpt.kernels import flash_attention, flash_mask, launch, launch_plans
+from flashgpt.kernels import attention_op, flash_attention, flash_mask, launch, launch_plans
 
-GLUON = ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper")
+GLUON = ("fwd_hopper", "bwd_dq_hopper", "bwd_dkdv_hopper", "bwd_fused_hopper")
 # (D, Tq, Tk, W or None, documents, block mask, dropout): T's at which the table takes each Gluon pass, ragged and
 # Tq < Tk shapes; block masks of 128-token blocks shared by the heads or per head, with the diagonal kept, or
 # sparser and without it (rows that see no key); alone, with documents and with a window.
@@ -86,10 +86,14 @@ def gluon_passes(q, k, v, masks: dict, dropout: float) -> list[str]:
     params = launch.AttentionParams(True, dropout, q.shape[-1] ** -0.5)
     built = flash_mask(q.shape[2], k.shape[2], head_dim=q.shape[-1], dtype=q.dtype, dropout_p=dropout, **masks)
     o = torch.empty_like(q)
-    return [p for p in GLUON if launch.hopper_launch_config(p, q, k, v, o, o, params, built) is not None]
+    passes = [p for p in GLUON if launch.hopper_launch_config(p, q, k, v, o, o, params, built) is not None]
+    if "bwd_fused_hopper" in passes:  # the backward is the fused pass, not the split one
+        passes = [p for p in passes if p not in ("bwd_dq_hopper", "bwd_dkdv_hopper")]
+    return passes
 
 
 def run(q, k, v, do, masks: dict, dropout: float, seed: int) -> dict:
+    attention_op._BACKWARD_SCHEDULES.clear()  # each run decides its backward afresh, with the kernels it has
     torch.manual_seed(seed)
     o = flash_attention(q, k, v, causal=True, dropout_p=dropout, **masks)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)

@@ -1,14 +1,14 @@
-"""Same-process A/B of the passes a masked call with dropout 0.1 takes (D = 64, H = 12, B = 16K / T, bf16,
-causal; shapes as `scripts/bench_masks.py`'s). Today the Gluon passes take masked calls only without dropout at
-D = 64: with dropout, the Triton forward and (at 8K and up) the Triton fused backward take them. Each variant
-hands some passes to the Gluon kernels instead, on the same inputs and dropout seed; rounds alternate, medians of
-`do_bench`; outputs compared with the first variant's (same seed: the same keep-mask, so only the summation order
-differs); GPU time per kernel from torch.profiler.
+"""Same-process A/B of the passes a masked call with dropout 0.1 takes (D = 64 unless --head-dim says otherwise,
+H = 12, B = 16K / T, bf16, causal; shapes as `scripts/bench_masks.py`'s). Before this folder's changes the Gluon
+passes took masked calls only without dropout at D = 64: with dropout, the Triton forward and (at 8K and up) the
+Triton fused backward took them. Each variant hands some passes to other kernels, on the same inputs and dropout
+seed; rounds alternate, medians of `do_bench`; outputs compared with the first variant's (same seed: the same
+keep-mask, so only the summation order differs); GPU time per kernel from torch.profiler.
 
     PYTHONPATH=.:scripts python results/tuning/h200-2026-11-27-masked-dropout/ab_masked_dropout.py --out ab.json
 
 A variant is "tuned" or "+"-joined parts: "split" (the split backward instead of the fused one), or
-PASS=ROWSxCOLS@MAXNREG[sSTAGES] (fwd, dq, dkdv): the Gluon pass takes the call with these tiles (default stages:
+PASS=ROWSxCOLS@MAXNREG[sSTAGES] (fwd, dq, dkdv, fused): the Gluon pass takes the call with these tiles (default stages:
 2; 4 for the dK/dV pass, as its table has them). Plan "stages" runs without dropout: the depth of the masked
 passes' rings (the Nsight Compute profile found them latency-bound).
 """
@@ -29,7 +29,7 @@ from flashgpt.kernels import attention_op, flash_attention, flash_mask, launch, 
 from flashgpt.kernels.tuning import LaunchConfig
 
 TUNED = (launch.hopper_config, launch.fit_gluon_to_masks, attention_op._backward_schedule)
-PASSES = {"fwd": "fwd_hopper", "dq": "bwd_dq_hopper", "dkdv": "bwd_dkdv_hopper"}
+PASSES = {"fwd": "fwd_hopper", "dq": "bwd_dq_hopper", "dkdv": "bwd_dkdv_hopper", "fused": "bwd_fused_hopper"}
 PROFILE = Profile("cuda", torch.bfloat16, block_size=128, check_seq_len=4096, dropout_check_seq_len=1024)
 DROPOUT = 0.1  # the plan's (`main`)
 MASKS = ["window_1k", "window_4k", "documents", "local_global", "strided", "butterfly"]
@@ -56,7 +56,26 @@ STAGES = [
 ]
 # --plan stages-dropout: the same for the forward and dQ pass with dropout
 STAGES_DROPOUT = [(16384, ["documents", "strided"], ["tuned", "fwd=64x64@80s3", "dq=64x64@128s4"])]
-PLANS = {"first": (0.1, FIRST), "stages": (0.0, STAGES), "stages-dropout": (0.1, STAGES_DROPOUT)}
+# --plan fused: the Gluon fused backward under masks ("tuned") against the split one through the Gluon passes
+# (at maxnreg 128, the table's, it spills 112-176 bytes under masks; at 152, 40, with two programs an SM still)
+FUSED_VARIANTS = ["tuned", "fused=64x64@152", "split"]
+FUSED = [
+    (16384, MASKS, FUSED_VARIANTS),
+    (4096, ["documents", "strided", "window_1k"], FUSED_VARIANTS),
+    (65536, ["documents", "strided"], FUSED_VARIANTS),
+]
+# --plan fused-d128 (with --head-dim 128): the same at D = 128, whose fused pass has two math warpgroups
+FUSED_D128 = [
+    (16384, ["documents", "strided", "window_1k"], ["tuned", "split"]),
+    (4096, ["documents"], ["tuned", "split"]),
+]
+PLANS = {
+    "first": (0.1, FIRST),
+    "fused-d128": (0.1, FUSED_D128),
+    "stages": (0.0, STAGES),
+    "stages-dropout": (0.1, STAGES_DROPOUT),
+    "fused": (0.1, FUSED),
+}
 
 
 def parse_variant(spec: str) -> tuple[bool, dict[str, tuple[int, int, int, int | None]]]:
@@ -191,9 +210,11 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plan", choices=list(PLANS), default="first")
+    parser.add_argument("--head-dim", type=int, default=64)
     args = parser.parse_args()
     global DROPOUT
     DROPOUT, plan = PLANS[args.plan]
+    bench_masks.HEAD_DIM = args.head_dim  # build_case and the shapes read it
     results = []
     for seq_len, masks, variants in plan:
         for mask in masks:
