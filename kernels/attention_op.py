@@ -481,7 +481,7 @@ def _backward_schedule(q, k, v, o, do, params: AttentionParams, masks: FlashMask
     """(the Gluon fused pass's configuration or None, whether the backward is the fused one). The fused backward
     sums dQ in an order that varies between runs: only where determinism is not asked for. Its Gluon pass, where the
     table lists it for the shape (with dropout), comes before the Triton one, with masks too (under masks with
-    dropout it ran 0.99-1.11x the split backward through the Gluon passes, fwd+bwd). Masks that the Gluon split
+    dropout it ran 1.04-1.16x the split backward through the Gluon passes, fwd+bwd). Masks that the Gluon split
     passes take (a window, documents, a block mask) otherwise take the split backward: with documents at 16K and
     64K, fwd+bwd through the Gluon passes ran 1.14x and 1.15x the Triton forward and fused backward
     (`results/tuning/h200-2026-11-27-gluon-documents/`); with dropout at 16K the split backward through the Gluon

@@ -22,7 +22,8 @@ D = 128, two math warpgroups (128 keys), 32-query tiles: dK and dV take 128 regi
 pass, dPᵀ is issued after dV's product and Sᵀ and dPᵀ are never in flight together; dQ is computed transposed,
 dQᵀ (D, 32) = Kᵀ·dSᵀ, so that its accumulator takes 32 registers (a product's rows come in 64s: dS·K would need
 64-query tiles), and dK's left operand dSᵀ is read from shared memory like dQᵀ's (from registers, beside the
-stores that put it there, ptxas serialised every product of the kernel, C7512).
+stores that put it there, ptxas serialised every product of the kernel, C7512). Under masks at D = 64 the pass
+also runs 32-query tiles, dQ transposed the same way: on 64-query tiles the masked steps spill.
 
 - The reduce-add is Hopper's `cp.reduce.async.bulk.tensor.add` (`gluon_common.reduce_add_head_tile`): one bulk
   operation a tile, not 64 · D element-wise atomics. Sums land in an order that varies between runs, so
@@ -39,9 +40,9 @@ and hands the other tiles back unread; a block mask's programs start long walks 
 With dropout 0.1, causal, 16K tokens a call, against the split backward (Gluon dQ and dK/dV passes) this pass ran
 1.04 / 1.20 / 1.23 / 1.22 / 1.27× faster at D = 64 and 1.05 / 1.15 / 1.18 / 1.21 / 1.20× at D = 128, 1K-16K
 (`results/tuning/h200-2026-11-27-gluon-fused-dropout/`, `results/tuning/h200-2026-11-27-gluon-fused-d128/`).
-Under masks the gain is smaller: fwd+bwd 0.99-1.07× at D = 64 at 16K (the masked steps spill 112-176 bytes at
-maxnreg 128; at 152, which spills 40, it ran 0.88-0.93×), 1.11× under documents at 64K, and 1.04-1.11× at
-D = 128 (`results/tuning/h200-2026-11-27-masked-dropout/`). Without dropout the split backward is as fast or
+Under masks, fwd+bwd against the split backward: at D = 64 and 16K 1.07-1.16× on 32-query tiles (on the dense
+64-query tiles the masked steps spill 112-176 bytes, and it ran 0.99-1.07×), 1.16× under documents at 64K; at
+D = 128 1.04-1.11× (`results/tuning/h200-2026-11-27-masked-dropout/`). Without dropout the split backward is as fast or
 faster (by up to 7% at D = 64 and 7-13% at D = 128: its dQ pass owns its rows and needs no reduce), so the table
 takes this pass only with dropout.
 
@@ -119,6 +120,7 @@ def _fused_step(
     HEAD_DIM: gl.constexpr = q_ring.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     LATE: gl.constexpr = HEAD_DIM > 64
+    DQ_T: gl.constexpr = LATE or BLOCK_M < 64  # a product's rows come in 64s
     dtype: gl.constexpr = q_ring.dtype
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
@@ -166,7 +168,7 @@ def _fused_step(
     dsT = dsT.to(dtype)
     ds_smem.store(dsT)
     fence_async_shared()
-    if LATE:  # dQᵀ (D, BLOCK_M) = Kᵀ·dSᵀ, both read from shared memory
+    if DQ_T:  # dQᵀ (D, BLOCK_M) = Kᵀ·dSᵀ, both read from shared memory
         dq_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
         dq = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, dq_layout),
                            use_acc=False, is_async=True)  # fmt: skip
@@ -183,7 +185,7 @@ def _fused_step(
     else:
         dq, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq, dv))
     tma.store_wait(0)  # the reduce-add that last read dq_smem is done
-    if LATE:
+    if DQ_T:
         dq_smem.permute((1, 0)).store(dq)
     else:
         dq_smem.store(dq)

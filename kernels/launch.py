@@ -273,15 +273,18 @@ def gluon_config(
 def fit_gluon_to_masks(
     kernel_pass: str, cfg: LaunchConfig, head_dim: int, block_size: int | None, documents: bool, dropout: bool
 ) -> LaunchConfig | None:
-    """The configuration of a Gluon pass under masks (causal, with a window, documents or a block mask): programs
-    of three math warpgroups drop to one (the forward's 192 rows to 64, the dK/dV pass's 32 × 192 tiles to
-    64 × 64), since a taller tile spans more of the masks' edges, each costing it whole tiles; under documents, and
-    with dropout under every mask, the dQ pass takes 64-key tiles (with dropout 64 × 128 spills 240 bytes, and at
-    4K under a block mask the 64-key pass ran 1.12x faster); under a block mask, tiles that its blocks hold whole
-    (`fit_gluon_to_blocks`). A forward of one math warpgroup at D ≤ 64 takes 64 × 64 tiles at maxnreg 80, which fit
-    three programs an SM instead of two: masked walks are short, and a third program's walk covers the others'
-    prologues and epilogues (forward 1.07-1.10x at 16K under every mask, 1.24-1.31x at 4K, 1.18x for a 1K window at
-    64K; the same tiles at maxnreg 128 ran 0.89-0.96x). Same-process A/Bs:
+    """The configuration of a Gluon pass under masks (causal, with a window, documents or a block mask): programs of
+    three math warpgroups drop to one (the forward's 192 rows to 64, the dK/dV pass's 32 × 192 tiles to 64 × 64),
+    since a taller tile spans more of the masks' edges, each costing it whole tiles; under documents, and with
+    dropout under every mask, the dQ pass takes 64-key tiles (with dropout 64 × 128 spills 240 bytes, and at 4K
+    under a block mask the 64-key pass ran 1.12x faster); under a block mask, tiles that its blocks hold whole
+    (`fit_gluon_to_blocks`). The fused backward of one math warpgroup (D ≤ 64) takes 32-query tiles with four
+    stages: on 64-query tiles its masked steps spill 112-176 bytes, on 32 none (fwd+bwd 1.05-1.11x at 16K under
+    every mask with dropout, 1.04x under documents at 64K; dense, the 64-query tiles stay 1.06x faster:
+    `results/tuning/h200-2026-11-27-masked-dropout/`). A forward of one math warpgroup at D ≤ 64 takes 64 × 64 tiles
+    at maxnreg 80, which fit three programs an SM instead of two: masked walks are short, and a third program's walk
+    covers the others' prologues and epilogues (forward 1.07-1.10x at 16K under every mask, 1.24-1.31x at 4K, 1.18x
+    for a 1K window at 64K; the same tiles at maxnreg 128 ran 0.89-0.96x). Same-process A/Bs:
     `results/tuning/h200-2026-11-27-mask-tiles/`."""
     if kernel_pass == "fwd_hopper" and cfg.block_m > 128:
         cfg = replace(cfg, block_m=64)
@@ -289,6 +292,8 @@ def fit_gluon_to_masks(
         cfg = replace(cfg, block_m=64, block_n=64)
     elif (documents or dropout) and kernel_pass == "bwd_dq_hopper":
         cfg = replace(cfg, block_n=64)
+    elif kernel_pass == "bwd_fused_hopper" and cfg.block_n == 64:
+        cfg = replace(cfg, block_m=32, num_stages=4)
     if kernel_pass == "fwd_hopper" and cfg.block_m == 64 and head_dim <= 64:
         cfg = replace(cfg, block_n=64, maxnreg=80)
     return cfg if block_size is None else fit_gluon_to_blocks(kernel_pass, cfg, block_size)

@@ -39,7 +39,8 @@ CASES = {  # kernel_sass.py's arguments
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
     "D128 4K Gluon documents": "--head-dim 128 --seq-len 4096 --mask documents "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",  # the forward's two math warpgroups under a mask
-    # with dropout under masks: the forward on 64 x 64 tiles at maxnreg 80, dQ on 64-key tiles, the fused backward
+    # with dropout under masks: the forward on 64 x 64 tiles at maxnreg 80, dQ on 64-key tiles, the fused backward on
+    # 32-query tiles
     "D64 16K Gluon documents dropout": "--head-dim 64 --seq-len 16384 --mask documents --dropout 0.1 "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_fused_hopper",
 }
@@ -54,8 +55,8 @@ CASES = {  # kernel_sass.py's arguments
 # across its walk, and so does the Gluon fused backward with dropout. Under a sliding window the dK/dV pass keeps
 # the bounds of its runs (stored before the walk, reloaded after each loop, never inside one). At D = 128 under
 # documents it spills inside its walk too (80 bytes, unmeasured: the next thing to look at there). The Gluon fused
-# backward under masks with dropout spills in its masked steps (176 bytes under documents, 112-120 under a block mask
-# or a window); at maxnreg 152 it spills 40 but ran 0.88-0.93x (results/tuning/h200-2026-11-27-masked-dropout/).
+# backward under masks at D = 64 runs 32-query tiles, on which it spills nothing (on 64-query tiles its masked steps
+# spilled 112-176 bytes: results/tuning/h200-2026-11-27-masked-dropout/).
 KNOWN_SPILLS = {
     ("D64 4K dropout documents", "bwd_fused"): 72,
     ("D128 16K blocks", "bwd_dkdv"): 16,
@@ -68,7 +69,6 @@ KNOWN_SPILLS = {
     ("D128 4K Gluon window dropout", "bwd_dkdv_hopper"): 24,
     ("D128 4K Gluon documents", "bwd_dkdv_hopper"): 80,
     ("D128 16K Gluon dropout forward", "fwd_hopper"): 8,  # 128 x 128 tiles with the mask's draws: one word
-    ("D64 16K Gluon documents dropout", "bwd_fused_hopper"): 176,
 }
 
 

@@ -232,14 +232,19 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
         dropout = gpt2_dropout > 0
         for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=True, dropout=dropout)
         for_window = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=False, dropout=dropout)
+        # The fused backward of one math warpgroup takes 32-query tiles with four stages (on 64 it spills).
         rows, keys, maxnreg = expected.block_m, expected.block_n, expected.maxnreg
+        stages = expected.num_stages
         if kernel_pass == "fwd_hopper":
             rows, keys, maxnreg = 64, 64, 80
         if kernel_pass == "bwd_dkdv_hopper" and keys == 192:
             rows, keys = 64, 64
-        assert for_window == replace(expected, block_m=rows, block_n=keys, maxnreg=maxnreg)
-        keys = 64 if kernel_pass == "bwd_dq_hopper" else keys
-        assert for_documents == replace(expected, block_m=rows, block_n=keys, maxnreg=maxnreg)
+        if kernel_pass == "bwd_fused_hopper" and keys == 64:
+            rows, stages = 32, 4
+        fitted = dict(block_m=rows, block_n=keys, maxnreg=maxnreg, num_stages=stages)
+        assert for_window == replace(expected, **fitted)
+        fitted["block_n"] = 64 if kernel_pass == "bwd_dq_hopper" else keys
+        assert for_documents == replace(expected, **fitted)
         assert decide(masks=window) == for_window
         scheduled = replace(documents, tiles=(tile_key(kernel_pass, for_documents),))
         assert decide(masks=scheduled) == for_documents
@@ -276,8 +281,8 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     document ids or a block mask): the tiling of each Gluon pass that the table lists for the shape, with dropout
     also those it lists only without dropout (`launch.gluon_config`), as masks fit them (the forward's 192 rows drop
     to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys drop to 64 x 64; under documents or with
-    dropout the dQ pass takes 64-key tiles), and none for a call the Gluon passes never take (not causal, fp32) or
-    that has no schedule to build."""
+    dropout the dQ pass takes 64-key tiles; the fused pass's 64 keys take 32-query tiles), and none for a call the
+    Gluon passes never take (not causal, fp32) or that has no schedule to build."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -294,6 +299,8 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
                 keys = 64 if name == "fwd_hopper" or name == "bwd_dq_hopper" else cfg.block_n
                 if name == "bwd_dkdv_hopper" and keys == 192:
                     rows, keys = 64, 64
+                if name == "bwd_fused_hopper" and keys == 64:
+                    rows = 32
                 tiles.append(tile_key(name, replace(cfg, block_m=rows, block_n=keys)))
         return tuple(tiles)
 
@@ -338,10 +345,10 @@ def test_masked_calls_with_dropout_take_the_gluon_passes_the_table_lists_without
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_masked_calls_take_the_gluon_backward_that_the_table_lists_for_dense_ones(monkeypatch, dropout):
-    """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64 at 16K, under a sliding window (which
-    the Gluon passes take without a schedule) as without masks: with dropout the Gluon fused backward, which draws
-    each dropout decision once; without, the split backward (the table lists no fused pass there, and the Gluon
-    split passes take the window)."""
+    """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64 at 16K, under a sliding window (which the
+    Gluon passes take without a schedule) as without masks: with dropout the Gluon fused backward, which draws each
+    dropout decision once (under masks on 32-query tiles); without, the split backward (the table lists no fused
+    pass there, and the Gluon split passes take the window)."""
     from dataclasses import replace
 
     from flashgpt.kernels import attention_op, launch
@@ -352,10 +359,14 @@ def test_masked_calls_take_the_gluon_backward_that_the_table_lists_for_dense_one
     params = launch.AttentionParams(True, dropout, 0.125)
     fused_hopper = hopper_config("bwd_fused_hopper", 64, "bfloat16", True, dropout > 0, 16384)
     assert (fused_hopper is not None) == (dropout > 0)
-    expected = (fused_hopper, True) if fused_hopper is not None else (None, False)
     window = replace(launch.NO_MASKS, window_size=1024)
-    assert attention_op._backward_schedule(q, k, v, o, do, params, window, False) == expected
-    assert attention_op._backward_schedule(q, k, v, o, do, params, launch.NO_MASKS, False) == expected
+    masked, dense = (attention_op._backward_schedule(q, k, v, o, do, params, masks, False)
+                     for masks in (window, launch.NO_MASKS))  # fmt: skip
+    if fused_hopper is None:
+        assert masked == dense == (None, False)
+    else:  # under masks on 32-query tiles (`launch.fit_gluon_to_masks`)
+        assert dense == (fused_hopper, True)
+        assert masked == (replace(fused_hopper, block_m=32, num_stages=4), True)
     assert attention_op._backward_schedule(q, k, v, o, do, params, window, True) == (None, False)  # deterministic
 
 

@@ -69,8 +69,16 @@ FUSED_D128 = [
     (16384, ["documents", "strided", "window_1k"], ["tuned", "split"]),
     (4096, ["documents"], ["tuned", "split"]),
 ]
+# --plan fused-tiles: the fused pass on 32-query tiles at D = 64 (dQ then transposed, as at D = 128: a product's rows
+# come in 64s), which spill nothing under masks (64-query tiles: 112-176 bytes)
+FUSED_TILES = [
+    (16384, ["dense", *MASKS], ["tuned", "fused=32x64@128s4", "fused=32x64@128s2", "split"]),
+    (65536, ["documents"], ["tuned", "fused=32x64@128s4", "split"]),
+    (4096, ["documents", "dense"], ["tuned", "fused=32x64@128s4", "split"]),
+]
 PLANS = {
     "first": (0.1, FIRST),
+    "fused-tiles": (0.1, FUSED_TILES),
     "fused-d128": (0.1, FUSED_D128),
     "stages": (0.0, STAGES),
     "stages-dropout": (0.1, STAGES_DROPOUT),
