@@ -76,8 +76,14 @@ FUSED_TILES = [
     (65536, ["documents"], ["tuned", "fused=32x64@128s4", "split"]),
     (4096, ["documents", "dense"], ["tuned", "fused=32x64@128s4", "split"]),
 ]
+# --plan fused-nodrop: without dropout, the masked fused backward (32- and 64-query tiles) against the split one
+FUSED_NODROP = [
+    (16384, MASKS, ["tuned", "fused=32x64@128s4", "fused=64x64@128s2"]),
+    (65536, ["documents", "strided"], ["tuned", "fused=32x64@128s4"]),
+]
 PLANS = {
     "first": (0.1, FIRST),
+    "fused-nodrop": (0.0, FUSED_NODROP),
     "fused-tiles": (0.1, FUSED_TILES),
     "fused-d128": (0.1, FUSED_D128),
     "stages": (0.0, STAGES),
