@@ -81,8 +81,16 @@ FUSED_NODROP = [
     (16384, MASKS, ["tuned", "fused=32x64@128s4", "fused=64x64@128s2"]),
     (65536, ["documents", "strided"], ["tuned", "fused=32x64@128s4"]),
 ]
+# --plan occupancy: without dropout, the split backward's passes on smaller tiles under fewer registers, so that
+# more programs share an SM: dK/dV on 32 x 64 at maxnreg 96 (no spill, 50 KB: four programs), dQ on 64 x 32 at 80
+# (no spill, 33 KB: three)
+OCCUPANCY = [
+    (16384, ["dense", *MASKS], ["tuned", "dkdv=32x64@96s4", "dq=64x32@80", "dkdv=32x64@96s4+dq=64x32@80"]),
+    (65536, ["documents"], ["tuned", "dkdv=32x64@96s4+dq=64x32@80"]),
+]
 PLANS = {
     "first": (0.1, FIRST),
+    "occupancy": (0.0, OCCUPANCY),
     "fused-nodrop": (0.0, FUSED_NODROP),
     "fused-tiles": (0.1, FUSED_TILES),
     "fused-d128": (0.1, FUSED_D128),
