@@ -258,7 +258,8 @@ def gluon_config(
     D ≤ 64 it lists no Gluon forward with dropout (dense, it lost to the Triton one) and no Gluon dQ pass with
     dropout from 8K (the fused backward takes those calls). Masked calls with dropout take their configuration
     without dropout there, fitted: at 16K, the forward under documents and block masks ran 1.11-1.37x the Triton
-    one, and the split backward through the Gluon passes 0.99-1.33x the Triton fused one, fwd+bwd 1.02-1.40x.
+    one, and the split backward through the Gluon passes (which deterministic calls take; the others now take the
+    Gluon fused pass) 0.99-1.33x the Triton fused one, fwd+bwd 1.02-1.40x.
     Under a window alone the Gluon forward with dropout ran 0.82-0.90x, and the Triton forward keeps those calls
     (`results/tuning/h200-2026-11-27-masked-dropout/`)."""
     cfg = hopper_config(kernel_pass, head_dim, dtype, causal, dropout, seq_len)
