@@ -75,12 +75,13 @@ from .gluon_common import (
     LOG2E,
     kept_tile,
     load_head_tile,
-    load_range,
     long_walks_first,
     lower_bound,
     mma_layout,
     store_head_tile,
     tile_and_head,
+    tile_documents,
+    tile_kept_list,
     tile_layout,
 )
 from .gluon_dropout import keep_mask_t
@@ -457,16 +458,7 @@ def key_tile_walk(
     h,
     shift,
     seq_len_q,
-    window_size,
-    DocIds,
-    stride_doc,
-    DocRanges,
-    stride_ranges,
-    KeptCount,
-    KeptIndex,
-    stride_count_h,
-    stride_index_h,
-    stride_index_r,
+    masks,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     CAUSAL: gl.constexpr,
@@ -475,20 +467,17 @@ def key_tile_walk(
     """The query tiles the program of key tile `tile` (BLOCK_N keys) of head (b, h) walks, for the passes whose
     programs own keys: (lo, n_tiles, hi, kept, docs, doc_range). Query rows [lo, hi), in n_tiles tiles of BLOCK_M,
     see some key of the program (causal: shift = Tk − Tq aligns them to the bottom right); under a sliding window
-    and DocIds (document ids, with DocRanges their schedule for this tiling) where not None, only those that may;
-    under a block mask (KeptIndex, KeptCount: its kept query tiles per key tile) the walk goes through the kept
-    tiles from lo to hi, n_tiles positions of the list kept = (kept, n_kept, p_lo) from p_lo ((0, 0, 0) without).
-    docs: the batch's document ids (0 without); doc_range: the tile's ranges (`load_range`; 0 without)."""
-    DOCS: gl.constexpr = DocIds is not None
-    SPARSE: gl.constexpr = KeptIndex is not None
+    and documents (masks = (window_size, documents, blocks) as `gluon_common.masked_query_tile` takes them, their
+    schedules for this tiling) only those that may; under a block mask (its kept query tiles per key tile) the walk
+    goes through the kept tiles from lo to hi, n_tiles positions of the list kept = (kept, n_kept, p_lo) from p_lo
+    ((0, 0, 0) without). docs: the batch's document ids (0 without); doc_range: the tile's ranges (`load_range`; 0
+    without)."""
+    window_size, documents, blocks = masks
+    DOCS: gl.constexpr = documents[0] is not None
+    SPARSE: gl.constexpr = blocks[0] is not None
     start_n = tile * BLOCK_N
     hi = gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M
-    if DOCS:
-        docs = DocIds + b.to(gl.int64) * stride_doc
-        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + tile * 4)
-    else:
-        docs = 0
-        doc_range = 0
+    docs, doc_range = tile_documents(documents, b, tile)
     if WINDOW or DOCS or SPARSE:  # the walk keeps at least one tile
         seen_lo = gl.maximum(start_n - shift, 0)
         seen_hi = hi
@@ -503,8 +492,7 @@ def key_tile_walk(
         lo = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M if CAUSAL else 0
     n_tiles = (hi - lo) // BLOCK_M
     if SPARSE:
-        kept_ptr = KeptIndex + h * stride_index_h + tile * stride_index_r
-        n_kept = gl.load(KeptCount + h * stride_count_h + tile)
+        kept_ptr, n_kept = tile_kept_list(blocks, h, tile)
         p_lo = lower_bound(kept_ptr, n_kept, lo // BLOCK_M)
         n_tiles = gl.maximum(lower_bound(kept_ptr, n_kept, hi // BLOCK_M) - p_lo, 1)
         kept = (kept_ptr, n_kept, p_lo)
@@ -584,10 +572,14 @@ def flash_bwd_dkdv_hopper_kernel(
     fence_async_shared()
 
     shift = seq_len_k - seq_len_q
+    masks = (
+        window_size,
+        (DocIds, stride_doc, DocRanges, stride_ranges),
+        (KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h),
+    )
     lo, n_tiles, hi, kept, docs, doc_range = key_tile_walk(
-        tile, b, h, shift, seq_len_q, window_size, DocIds, stride_doc, DocRanges, stride_ranges, KeptCount, KeptIndex,
-        stride_count_h, stride_index_h, stride_index_r, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-    )  # fmt: skip
+        tile, b, h, shift, seq_len_q, masks, BLOCK_M, BLOCK_N, CAUSAL, WINDOW
+    )
 
     mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):

@@ -335,29 +335,15 @@ def flash_bwd_dq_hopper_kernel(
         mbarrier.init(ring[1].index(i), count=1)
     fence_async_shared()
 
+    masks = (
+        window_size,
+        (DocIds, stride_doc, DocRanges, stride_ranges),
+        (KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h),
+    )
     # Key tiles [b, t_hi) cross the diagonal or the end of the keys, [a, b) are seen whole by every row, and (under
     # a window or documents) [t_lo, a) cross its lower edge or a document's start.
     if WINDOW or DOCS or SPARSE:
-        docs, kept, runs = masked_query_tile(
-            start_m,
-            b,
-            h,
-            seq_len_q,
-            seq_len_k,
-            window_size,
-            DocIds,
-            stride_doc,
-            DocRanges,
-            stride_ranges,
-            KeptCount,
-            KeptIndex,
-            stride_count_h,
-            stride_index_h,
-            stride_index_r,
-            BLOCK_M,
-            BLOCK_N,
-            WINDOW,
-        )
+        docs, kept, runs = masked_query_tile(start_m, b, h, seq_len_q, seq_len_k, masks, BLOCK_M, BLOCK_N, WINDOW)
         t_lo, a, b_full, t_hi = runs
         # A walk takes at least one step (`kept_tile`): with no kept tile, one masked whole.
         walk = (t_hi - b_full, t_hi - a, gl.maximum(t_hi - t_lo, 1), t_hi)

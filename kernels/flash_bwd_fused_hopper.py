@@ -325,10 +325,14 @@ def flash_bwd_fused_hopper_kernel(
     fence_async_shared()
 
     shift = seq_len_k - seq_len_q
+    masks = (
+        window_size,
+        (DocIds, stride_doc, DocRanges, stride_ranges),
+        (KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h),
+    )
     lo, n_tiles, hi, kept, docs, doc_range = key_tile_walk(
-        tile, b, h, shift, seq_len_q, window_size, DocIds, stride_doc, DocRanges, stride_ranges, KeptCount, KeptIndex,
-        stride_count_h, stride_index_h, stride_index_r, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
-    )  # fmt: skip
+        tile, b, h, shift, seq_len_q, masks, BLOCK_M, BLOCK_N, CAUSAL, WINDOW
+    )
 
     mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):

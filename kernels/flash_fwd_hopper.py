@@ -361,27 +361,13 @@ def flash_fwd_hopper_kernel(
         mbarrier.init(ring[2].index(i), count=CONSUMERS)  # every math warpgroup hands the buffer back
     fence_async_shared()
 
+    masks = (
+        window_size,
+        (DocIds, stride_doc, DocRanges, stride_ranges),
+        (KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h),
+    )
     if WINDOW or DOCS or SPARSE:
-        docs, kept, tiles = masked_query_tile(
-            start_m,
-            b,
-            h,
-            seq_len_q,
-            seq_len_k,
-            window_size,
-            DocIds,
-            stride_doc,
-            DocRanges,
-            stride_ranges,
-            KeptCount,
-            KeptIndex,
-            stride_count_h,
-            stride_index_h,
-            stride_index_r,
-            BLOCK_M,
-            BLOCK_N,
-            WINDOW,
-        )
+        docs, kept, tiles = masked_query_tile(start_m, b, h, seq_len_q, seq_len_k, masks, BLOCK_M, BLOCK_N, WINDOW)
     else:
         docs = 0
         kept = (0, 0)

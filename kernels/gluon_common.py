@@ -170,48 +170,60 @@ def masked_key_runs(
 
 
 @gluon.jit
+def tile_documents(documents, b, tile):
+    """(docs, doc_range) of tile `tile` of this tiling under documents = (DocIds, stride_doc, DocRanges,
+    stride_ranges): the batch's document ids and the tile's ranges in their schedule (`load_range`); (0, 0) where
+    DocIds is None."""
+    DocIds, stride_doc, DocRanges, stride_ranges = documents
+    if DocIds is not None:
+        docs = DocIds + b.to(gl.int64) * stride_doc
+        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + tile * 4)
+    else:
+        docs = 0
+        doc_range = 0
+    return docs, doc_range
+
+
+@gluon.jit
+def tile_kept_list(blocks, h, tile):
+    """(kept, n_kept) of tile `tile` of this tiling for head h under a block mask blocks = (KeptIndex, KeptCount,
+    stride_index_h, stride_index_r, stride_count_h): the ascending list kept[0:n_kept] of the tiles it keeps
+    (`tile_schedule.py`); (0, 0) where KeptIndex is None."""
+    KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h = blocks
+    if KeptIndex is not None:
+        kept = KeptIndex + h * stride_index_h + tile * stride_index_r
+        n_kept = gl.load(KeptCount + h * stride_count_h + tile)
+    else:
+        kept = 0
+        n_kept = 0
+    return kept, n_kept
+
+
+@gluon.jit
 def masked_query_tile(
     start_m,
     b,
     h,
     seq_len_q,
     seq_len_k,
-    window_size,
-    DocIds,
-    stride_doc,
-    DocRanges,
-    stride_ranges,
-    KeptCount,
-    KeptIndex,
-    stride_count_h,
-    stride_index_h,
-    stride_index_r,
+    masks,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     WINDOW: gl.constexpr,
 ):
     """For a pass whose programs own query tile [start_m, start_m + BLOCK_M) of head (b, h), under masks (causal; a
-    sliding window, and DocIds and KeptIndex where not None, with their schedules for this tiling): (docs, kept,
+    sliding window, documents and a block mask: the kernel's masks = (window_size, documents, blocks), as
+    `tile_documents` and `tile_kept_list` take the last two, with their schedules for this tiling): (docs, kept,
     runs), the batch's document ids (0 without), the tile's kept-tile list (kept, n_kept) ((0, 0) without a block
     mask), and its key tiles' runs (`masked_key_runs`; under a block mask as positions in the list, `kept_runs`)."""
-    DOCS: gl.constexpr = DocIds is not None
-    SPARSE: gl.constexpr = KeptIndex is not None
+    window_size, documents, blocks = masks
+    DOCS: gl.constexpr = documents[0] is not None
     row_tile = start_m // BLOCK_M
-    if DOCS:
-        docs = DocIds + b.to(gl.int64) * stride_doc
-        doc_range = load_range(DocRanges + b.to(gl.int64) * stride_ranges + row_tile * 4)
-    else:
-        docs = 0
-        doc_range = 0
+    docs, doc_range = tile_documents(documents, b, row_tile)
     runs = masked_key_runs(start_m, seq_len_q, seq_len_k, window_size, doc_range, BLOCK_M, BLOCK_N, WINDOW, DOCS)
-    if SPARSE:
-        kept = (
-            KeptIndex + h * stride_index_h + row_tile * stride_index_r,
-            gl.load(KeptCount + h * stride_count_h + row_tile),
-        )
+    kept = tile_kept_list(blocks, h, row_tile)
+    if blocks[0] is not None:
         runs = kept_runs(runs, kept[0], kept[1])
-    else:
-        kept = (0, 0)
     return docs, kept, runs
 
 
