@@ -8,12 +8,13 @@ properties Triton specialises on, and later calls with the same key launch it di
 
 Key per positional argument: a tensor's dtype and whether its address is 16-byte aligned; a host-made tensor
 descriptor's element type, tile shape, shared-memory layout and padding; an int's value, or, for the kernel's
-`do_not_specialize` arguments (seeds, offsets: different on every call), only its integer width; anything else
-(float, None) by its type alone; with the constexpr keyword arguments (by value) and the current device, that is
-the key. Which positions hold tensors, unspecialised ints, floats and descriptors follows from the arguments'
-types, so it is worked out once per tuple of types and each call only visits those positions (a comprehension
-over every argument cost an H100 host ~35 µs per launch). Launch hooks (profilers) and the interpreter always take
-Triton's own path.
+`do_not_specialize` arguments (seeds, offsets: different on every call), only its integer width; a tuple of ints (a
+tensor's strides) by its values, as Triton specialises every int in it; a float by its type alone, None as it is;
+with the constexpr keyword arguments (by value) and the current device, that is the key. Tensors go to kernels as
+arguments of their own, never inside a tuple (`launch_plans` binds tensors by their position). Which positions hold
+tensors, unspecialised ints, floats and descriptors follows from the arguments' types, so it is worked out once per
+tuple of types and each call only visits those positions (a comprehension over every argument cost an H100 host ~35
+µs per launch). Launch hooks (profilers) and the interpreter always take Triton's own path.
 
 `bind` goes one step further for a caller that launches the same kernel with the same arguments but a few (its
 tensors, a seed): it returns a `BoundLaunch` holding the whole argument list of the compiled launcher's C entry

@@ -66,14 +66,8 @@ def flash_bwd_preprocess_kernel(
     DLSE,
     Delta,
     DQAcc,
-    stride_ob,
-    stride_oh,
-    stride_ot,
-    stride_od,
-    stride_dob,
-    stride_doh,
-    stride_dot,
-    stride_dod,
+    o_strides,
+    do_strides,
     n_heads,
     seq_len,
     HEAD_DIM: tl.constexpr,
@@ -82,8 +76,10 @@ def flash_bwd_preprocess_kernel(
     """Before the fused dK/dV/dQ pass: δ' = rowsum(dO ∘ O) − dlse in fp32 per query row (dlse: the gradient of the
     returned LSE, or None), and zeros in this program's rows of the fp32 dQ accumulator (if given)."""
     b, h, offs_m, offs_d, row_ok, row = _row_block(n_heads, seq_len, HEAD_DIM, BLOCK_M)
-    o_ptrs = head_start(O, b, h, stride_ob, stride_oh)
-    do_ptrs = head_start(DO, b, h, stride_dob, stride_doh)
+    o_ptrs = head_start(O, b, h, o_strides)
+    do_ptrs = head_start(DO, b, h, do_strides)
+    stride_ot, stride_od = o_strides[2], o_strides[3]
+    stride_dot, stride_dod = do_strides[2], do_strides[3]
     o = tl.load(o_ptrs + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
     do = tl.load(do_ptrs + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
@@ -99,10 +95,7 @@ def flash_bwd_preprocess_kernel(
 def flash_bwd_dq_convert_kernel(
     DQAcc,
     DQ,
-    stride_dqb,
-    stride_dqh,
-    stride_dqt,
-    stride_dqd,
+    dq_strides,
     n_heads,
     seq_len,
     softmax_scale,
@@ -113,7 +106,8 @@ def flash_bwd_dq_convert_kernel(
     b, h, offs_m, offs_d, row_ok, row = _row_block(n_heads, seq_len, HEAD_DIM, BLOCK_M)
     dq = tl.load(DQAcc + row[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     dq = dq * tl.cast(softmax_scale, tl.float32)
-    dq_ptrs = head_start(DQ, b, h, stride_dqb, stride_dqh)
+    dq_ptrs = head_start(DQ, b, h, dq_strides)
+    stride_dqt, stride_dqd = dq_strides[2], dq_strides[3]
     tl.store(
         dq_ptrs + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,
         dq.to(DQ.dtype.element_ty),
@@ -448,30 +442,12 @@ def flash_bwd_dkdv_kernel(
     DK,
     DV,
     DQAcc,
-    stride_qb,
-    stride_qh,
-    stride_qt,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vt,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dot,
-    stride_dod,
-    stride_dkb,
-    stride_dkh,
-    stride_dkt,
-    stride_dkd,
-    stride_dvb,
-    stride_dvh,
-    stride_dvt,
-    stride_dvd,
+    q_strides,
+    k_strides,
+    v_strides,
+    do_strides,
+    dk_strides,
+    dv_strides,
     n_heads,
     seq_len_q,
     seq_len_k,
@@ -522,10 +498,14 @@ def flash_bwd_dkdv_kernel(
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
-    q_head = head_start(Q, b, h, stride_qb, stride_qh)
-    k_head = head_start(K, b, h, stride_kb, stride_kh)
-    v_head = head_start(V, b, h, stride_vb, stride_vh)
-    do_head = head_start(DO, b, h, stride_dob, stride_doh)
+    q_head = head_start(Q, b, h, q_strides)
+    k_head = head_start(K, b, h, k_strides)
+    v_head = head_start(V, b, h, v_strides)
+    do_head = head_start(DO, b, h, do_strides)
+    stride_qt, stride_qd = q_strides[2], q_strides[3]  # rows and columns inside a head
+    stride_kt, stride_kd = k_strides[2], k_strides[3]
+    stride_vt, stride_vd = v_strides[2], v_strides[3]
+    stride_dot, stride_dod = do_strides[2], do_strides[3]
     lse_row = LSE + bh.to(tl.int64) * seq_len_q
     delta_row = Delta + bh.to(tl.int64) * seq_len_q
 
@@ -597,8 +577,10 @@ def flash_bwd_dkdv_kernel(
             DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
 
-    dk_head = head_start(DK, b, h, stride_dkb, stride_dkh)
-    dv_head = head_start(DV, b, h, stride_dvb, stride_dvh)
+    dk_head = head_start(DK, b, h, dk_strides)
+    dv_head = head_start(DV, b, h, dv_strides)
+    stride_dkt, stride_dkd = dk_strides[2], dk_strides[3]
+    stride_dvt, stride_dvd = dv_strides[2], dv_strides[3]
     dk = dk * softmax_scale
     if DROPOUT:  # dV = c·(P ∘ Z)ᵀ·dO: the keep-scale of every tile at once
         dv = dv * dropout_scale
@@ -818,30 +800,12 @@ def flash_bwd_dq_kernel(
     DLSE,
     Delta,
     DQ,
-    stride_qb,
-    stride_qh,
-    stride_qt,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vt,
-    stride_vd,
-    stride_dob,
-    stride_doh,
-    stride_dot,
-    stride_dod,
-    stride_dqb,
-    stride_dqh,
-    stride_dqt,
-    stride_dqd,
-    stride_ob,
-    stride_oh,
-    stride_ot,
-    stride_od,
+    q_strides,
+    k_strides,
+    v_strides,
+    do_strides,
+    dq_strides,
+    o_strides,
     n_heads,
     seq_len_q,
     seq_len_k,
@@ -893,10 +857,14 @@ def flash_bwd_dq_kernel(
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
-    q_head = head_start(Q, b, h, stride_qb, stride_qh)
-    k_head = head_start(K, b, h, stride_kb, stride_kh)
-    v_head = head_start(V, b, h, stride_vb, stride_vh)
-    do_head = head_start(DO, b, h, stride_dob, stride_doh)
+    q_head = head_start(Q, b, h, q_strides)
+    k_head = head_start(K, b, h, k_strides)
+    v_head = head_start(V, b, h, v_strides)
+    do_head = head_start(DO, b, h, do_strides)
+    stride_qt, stride_qd = q_strides[2], q_strides[3]  # rows and columns inside a head
+    stride_kt, stride_kd = k_strides[2], k_strides[3]
+    stride_vt, stride_vd = v_strides[2], v_strides[3]
+    stride_dot, stride_dod = do_strides[2], do_strides[3]
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -910,7 +878,8 @@ def flash_bwd_dq_kernel(
     if FUSED_DELTA:
         # δ = rowsum(dO ∘ O) − dlse for this program's rows (a gradient dlse into the returned LSE adds dlse·P to
         # dS, the same as lowering δ by dlse), stored for the dK/dV kernel that runs next.
-        o_head = head_start(O, b, h, stride_ob, stride_oh)
+        o_head = head_start(O, b, h, o_strides)
+        stride_ot, stride_od = o_strides[2], o_strides[3]
         o = tl.load(o_head + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
         if DLSE is not None:
@@ -954,7 +923,8 @@ def flash_bwd_dq_kernel(
         MASKS, ONE_LOOP, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
-    dq_head = head_start(DQ, b, h, stride_dqb, stride_dqh)
+    dq_head = head_start(DQ, b, h, dq_strides)
+    stride_dqt, stride_dqd = dq_strides[2], dq_strides[3]
     dq = dq * softmax_scale
     tl.store(
         dq_head + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,

@@ -274,12 +274,8 @@ def flash_bwd_dq_hopper_kernel(
     DLSE,
     Delta,
     dq_desc,
-    stride_dob,
-    stride_doh,
-    stride_dot,
-    stride_ob,
-    stride_oh,
-    stride_ot,
+    do_strides,
+    o_strides,
     n_heads,
     seq_len_q,
     seq_len_k,
@@ -362,10 +358,10 @@ def flash_bwd_dq_hopper_kernel(
 
     row_start = bh.to(gl.int64) * seq_len_q
     heads = (
-        O + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh,
-        DO + b.to(gl.int64) * stride_dob + h.to(gl.int64) * stride_doh,
-        stride_ot,
-        stride_dot,
+        O + b.to(gl.int64) * o_strides[0] + h.to(gl.int64) * o_strides[1],
+        DO + b.to(gl.int64) * do_strides[0] + h.to(gl.int64) * do_strides[1],
+        o_strides[2],
+        do_strides[2],
     )
     HAS_DLSE: gl.constexpr = DLSE is not None
     dlse_row = DLSE + row_start if HAS_DLSE else LSE + row_start  # LSE: a placeholder (a tuple cannot hold None)

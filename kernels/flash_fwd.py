@@ -270,22 +270,10 @@ def flash_fwd_kernel(
     V,
     O,
     LSE,
-    stride_qb,
-    stride_qh,
-    stride_qt,
-    stride_qd,
-    stride_kb,
-    stride_kh,
-    stride_kt,
-    stride_kd,
-    stride_vb,
-    stride_vh,
-    stride_vt,
-    stride_vd,
-    stride_ob,
-    stride_oh,
-    stride_ot,
-    stride_od,
+    q_strides,
+    k_strides,
+    v_strides,
+    o_strides,
     n_heads,
     seq_len_q,
     seq_len_k,
@@ -335,10 +323,14 @@ def flash_fwd_kernel(
     b = bh // n_heads
     h = bh % n_heads
 
-    q_head = head_start(Q, b, h, stride_qb, stride_qh)
-    k_head = head_start(K, b, h, stride_kb, stride_kh)
-    v_head = head_start(V, b, h, stride_vb, stride_vh)
-    o_head = head_start(O, b, h, stride_ob, stride_oh)
+    q_head = head_start(Q, b, h, q_strides)
+    k_head = head_start(K, b, h, k_strides)
+    v_head = head_start(V, b, h, v_strides)
+    o_head = head_start(O, b, h, o_strides)
+    stride_qt, stride_qd = q_strides[2], q_strides[3]  # rows and columns inside a head
+    stride_kt, stride_kd = k_strides[2], k_strides[3]
+    stride_vt, stride_vd = v_strides[2], v_strides[3]
+    stride_ot, stride_od = o_strides[2], o_strides[3]
     k_src = k_head
     v_src = v_head
     if TMA:  # bulk tensor copies (TMA) of whole tiles; the descriptor's bounds zero-fill rows past Tk

@@ -429,7 +429,7 @@ def launch_forward(
     qk_scale, *rng = params.scalars
     return _launch(
         flash_fwd_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads),
-        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        q, k, v, o, lse, q.stride(), k.stride(), v.stride(), o.stride(),
         heads, seq_len_q, seq_len_k, qk_scale, *rng,
         *_mask_args(masks, cfg, "fwd"), EXTRA_MASKS=masks.any, RAGGED=seq_len_k % cfg.block_n != 0,
         ONE_LOOP=one_loop("fwd", masks, params.dropout, seq_len_k), TMA=tma, **_flags(q, params, cfg, masks),
@@ -443,7 +443,7 @@ def launch_preprocess(o, do, delta, dlse=None, dq_acc=None) -> Launch:
     dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
     return _launch(
         flash_bwd_preprocess_kernel, (_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads), o, do, dlse, delta, dq_acc,
-        *o.stride(), *do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M,
+        o.stride(), do.stride(), heads, seq_len, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M,
     )  # fmt: skip
 
 
@@ -451,7 +451,7 @@ def launch_dq_convert(dq_acc, dq, softmax_scale: float) -> Launch:
     """dq = softmax_scale · dq_acc, cast to dq's dtype (dq_acc: the fused pass's fp32 sums)."""
     batch, heads, seq_len, head_dim = dq.shape
     return _launch(
-        flash_bwd_dq_convert_kernel, (_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads), dq_acc, dq, *dq.stride(),
+        flash_bwd_dq_convert_kernel, (_cdiv(seq_len, PREPROCESS_BLOCK_M), batch * heads), dq_acc, dq, dq.stride(),
         heads, seq_len, softmax_scale, HEAD_DIM=head_dim, BLOCK_M=PREPROCESS_BLOCK_M,
     )  # fmt: skip
 
@@ -483,7 +483,7 @@ def launch_dkdv(
         provide_tma_scratch()
     return _launch(
         flash_bwd_dkdv_kernel, (_cdiv(seq_len_k, cfg.block_n), batch * heads), q, k, v, do, lse, delta, dk, dv, dq_acc,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        q.stride(), k.stride(), v.stride(), do.stride(), dk.stride(), dv.stride(),
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars,
         *_mask_args(masks, cfg, "bwd_fused" if dq_reduce != "none" else "bwd_dkdv"),
         DENSE=not masks.any and seq_len_q == seq_len_k, RAGGED=seq_len_q % cfg.block_m != 0,
@@ -615,12 +615,12 @@ def launch_dq_hopper(
     must fit it, as it fits q when dq is q's `empty_like`."""
     batch, heads, seq_len_q, _ = q.shape
     m, n = cfg.block_m, cfg.block_n
-    strides = [s for t in (do, o) for s in t.stride()[:3]]  # every D stride is 1
     first = heads_fastest("bwd_dq_hopper", masks)
     return _launch(
         flash_bwd_dq_hopper_kernel, gluon_grid(_cdiv(seq_len_q, m), batch * heads, first), head_descriptor(q, m),
         head_descriptor(k, n), head_descriptor(v, n), head_descriptor(do, m), do, o, lse, dlse, delta,
-        head_descriptor(dq, m), *strides, heads, seq_len_q, k.shape[2], params.softmax_scale, *params.scalars[1:],
+        head_descriptor(dq, m), do.stride()[:3], o.stride()[:3],  # every D stride is 1
+        heads, seq_len_q, k.shape[2], params.softmax_scale, *params.scalars[1:],
         *_gluon_mask_args(masks, "bwd_dq_hopper", cfg), STAGES=cfg.num_stages, CAUSAL=params.causal,
         WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout,
         num_warps=cfg.num_warps, maxnreg=cfg.maxnreg,
@@ -698,7 +698,7 @@ def launch_dq(
     dlse = dlse.contiguous() if dlse is not None else None  # often an expanded (stride 0) tensor of ones
     return _launch(
         flash_bwd_dq_kernel, (_cdiv(seq_len_q, cfg.block_m), batch * heads), q, k, v, do, o, lse, dlse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *o_strides,
+        q.stride(), k.stride(), v.stride(), do.stride(), dq.stride(), o_strides,
         heads, seq_len_q, seq_len_k, params.softmax_scale, *params.scalars,
         *_mask_args(masks, cfg, "bwd_dq"), EXTRA_MASKS=masks.any, RAGGED=seq_len_k % cfg.block_n != 0,
         ONE_LOOP=one_loop("bwd_dq", masks, params.dropout, seq_len_k), FUSED_DELTA=o is not None, TMA=tma,

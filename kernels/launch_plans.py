@@ -46,8 +46,8 @@ class LaunchPlan:
     def bind(cls, launches: Sequence[Launch], values: Sequence, mask: FlashMask) -> "LaunchPlan | None":
         """Plan `launches`, made with `values` (the call's tensors, None where absent, then its SCALARS). None if
         they cannot be replayed: a launch took a tensor (or a descriptor of one) that is neither among values nor
-        the mask's, two values are one tensor (their positions would be ambiguous), or launches do not take the
-        direct path."""
+        the mask's, or a tensor inside a tuple, two values are one tensor (their positions would be ambiguous), or
+        launches do not take the direct path."""
         tensors = {id(t): i for i, t in enumerate(values) if isinstance(t, Tensor)}
         if len(tensors) != sum(isinstance(t, Tensor) for t in values):
             return None
@@ -71,6 +71,8 @@ class LaunchPlan:
                     if index is None:
                         return None
                     descriptors.append((position, index))
+                elif isinstance(arg, tuple) and any(isinstance(item, Tensor) for item in arg):
+                    return None  # a tensor inside a tuple would be replayed as it is
             names = launch.kernel.arg_names[: len(launch.args)]
             slots += [(names.index(name), first_scalar + i) for i, name in enumerate(SCALARS) if name in names]
             replay = launch.bind(slots, descriptors, baked)

@@ -16,7 +16,7 @@ from triton.runtime.jit import JITFunction
 from flashgpt.kernels.fast_launch import FastLauncher
 
 
-def _kernel(X, Y, n, seed, scale, BLOCK: tl.constexpr):  # the signature is all the key reads
+def _kernel(X, Y, strides, n, seed, scale, BLOCK: tl.constexpr):  # the signature is all the key reads
     pass
 
 
@@ -25,15 +25,17 @@ def launcher() -> FastLauncher:
     return FastLauncher(JITFunction(_kernel, do_not_specialize=["seed"]))
 
 
-def _args(x=None, y=None, n=64, seed=5, scale=0.5) -> tuple:
+def _args(x=None, y=None, strides=(64, 1), n=64, seed=5, scale=0.5) -> tuple:
     x = torch.zeros(64) if x is None else x
-    return (x, y, n, seed, scale)
+    return (x, y, strides, n, seed, scale)
 
 
 def test_same_specialisation_same_key(launcher):
     key = launcher.key(0, _args(), {"BLOCK": 16})
-    # other tensor data, another seed of the same integer width, another float: the same compiled kernel
-    assert launcher.key(0, _args(x=torch.ones(64), seed=2**31 - 1, scale=3.0), {"BLOCK": 16}) == key
+    # other tensor data, equal strides of another tensor, another seed of the same integer width, another float: the
+    # same compiled kernel
+    strides = torch.zeros(3, 64).stride()
+    assert launcher.key(0, _args(x=torch.ones(64), strides=strides, seed=2**31 - 1, scale=3.0), {"BLOCK": 16}) == key
 
 
 @pytest.mark.parametrize(
@@ -44,11 +46,24 @@ def test_same_specialisation_same_key(launcher):
         ({"y": torch.zeros(4)}, {"BLOCK": 16}),  # a tensor where there was None
         ({"n": 65}, {"BLOCK": 16}),  # a specialised int's value
         ({"n": 2**40}, {"BLOCK": 16}),  # a specialised int's width
+        ({"strides": (72, 1)}, {"BLOCK": 16}),  # an int in a tuple: Triton specialises each (divisible by 16)
+        ({"strides": (64, 2)}, {"BLOCK": 16}),  # == 1 no longer
         ({"seed": 2**40}, {"BLOCK": 16}),  # an unspecialised int's width
         ({"scale": 1}, {"BLOCK": 16}),  # an int where there was a float
         ({}, {"BLOCK": 32}),  # a constexpr
     ],
-    ids=["dtype", "alignment", "none-to-tensor", "int-value", "int-width", "seed-width", "float-to-int", "constexpr"],
+    ids=[
+        "dtype",
+        "alignment",
+        "none-to-tensor",
+        "int-value",
+        "int-width",
+        "tuple-int-value",
+        "tuple-int-one",
+        "seed-width",
+        "float-to-int",
+        "constexpr",
+    ],
 )
 def test_every_specialisation_changes_the_key(launcher, change, constexprs):
     assert launcher.key(0, _args(**change), constexprs) != launcher.key(0, _args(), {"BLOCK": 16})
@@ -101,7 +116,7 @@ def _descriptor(t: torch.Tensor, rows: int):
 def test_a_tensor_descriptor_is_keyed_by_what_triton_specialises_it_on(launcher):
     """Triton compiles a host-made descriptor as `tensordesc<dtype[tile], layout>`: other data, shape or strides of
     the same tile reuse the kernel, another tile or dtype does not."""
-    args = lambda d: (d, None, 64, 5, 0.5)
+    args = lambda d: (d, None, (64, 1), 64, 5, 0.5)
     q = torch.zeros(2, 3, 256, 64, dtype=torch.bfloat16)
     key = launcher.key(0, args(_descriptor(q, 64)), {"BLOCK": 16})
     other = torch.zeros(1, 4, 1000, 64, dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)

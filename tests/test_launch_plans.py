@@ -113,18 +113,19 @@ def test_replayed_call_matches_the_full_path(interpreted_replays, head_dim, drop
         assert torch.equal(got, want), name
 
 
-def test_a_launch_that_took_a_temporary_tensor_is_not_planned(interpreted_replays, monkeypatch):
-    """A tensor made inside a launch function is neither among the call's values nor the mask's: binding refuses,
-    so no replay could reuse it."""
+@pytest.mark.parametrize("alter", [torch.Tensor.clone, lambda t: (t, 1)], ids=["temporary-tensor", "tensor-in-a-tuple"])
+def test_a_launch_with_a_tensor_a_replay_cannot_fill_is_not_planned(interpreted_replays, monkeypatch, alter):
+    """A tensor made inside a launch function is neither among the call's values nor the mask's, and one inside a
+    tuple has no position of its own among the arguments: binding refuses, so no replay could reuse it."""
     original = launch_plans.LaunchPlan.bind.__func__
 
-    def bind_with_a_copy(cls, launches, values, mask):
+    def bind_altered(cls, launches, values, mask):
         first = launches[0]
         position = next(i for i, a in enumerate(first.args) if isinstance(a, torch.Tensor))
-        copied = (*first.args[:position], first.args[position].clone(), *first.args[position + 1 :])
-        return original(cls, [Launch(first.kernel, first.grid, copied, first.constexprs), *launches[1:]], values, mask)
+        altered = (*first.args[:position], alter(first.args[position]), *first.args[position + 1 :])
+        return original(cls, [Launch(first.kernel, first.grid, altered, first.constexprs), *launches[1:]], values, mask)
 
-    monkeypatch.setattr(launch_plans.LaunchPlan, "bind", classmethod(bind_with_a_copy))
+    monkeypatch.setattr(launch_plans.LaunchPlan, "bind", classmethod(bind_altered))
     generator = torch.Generator().manual_seed(0)
     for call in range(4):
         _fwd_bwd(*_inputs(32, generator), 0.0, False, False, {}, seed=call)
