@@ -37,9 +37,9 @@ from .addressing import head_start
 from .dropout import dropout_keep_mask, dropout_keep_mask_t
 from .tile_ranges import (
     block_visible,
-    intersect_ranges,
+    document_ranges,
+    kept_blocks,
     key_range,
-    load_ranges,
     outside_fast,
     query_range,
     tile_runs,
@@ -549,31 +549,17 @@ def flash_bwd_dkdv_kernel(
         )  # fmt: skip
     else:
         # Only the query tiles that can see this key tile; query rows above the causal band are skipped.
-        lo, hi, full_lo, full_hi = query_range(start_n, seq_len_q, seq_len_k, window_size, BLOCK_N, CAUSAL, WINDOW)
-        if DOCS:
-            doc_row = DocIds + b.to(tl.int64) * stride_doc_b
-            k_doc = tl.load(doc_row + offs_n, mask=col_ok, other=0)[:, None]
-            doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + pid_n * 4)
-            lo, hi, full_lo, full_hi = intersect_ranges(
-                lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi
-            )
-        else:  # placeholders: nothing reads them (a tuple cannot hold the None that DocIds is)
-            doc_row = 0
-            k_doc = 0
-        if SPARSE:
-            # The query tiles that touch a kept block of this key tile (the transposed mask, compacted on the host).
-            n_kept = tl.load(KeptCount + h * stride_count_h + pid_n)  # head strides are 0 for a shared mask
-            kept = KeptIndex + h * stride_index_h + pid_n * stride_index_r
-            block_row = BlockMask + h * stride_block_h
-        else:
-            n_kept = 0
-            kept = KeptIndex
-            block_row = 0
+        ranges = query_range(start_n, seq_len_q, seq_len_k, window_size, BLOCK_N, CAUSAL, WINDOW)
+        documents = (DocIds, stride_doc_b, DocRanges, stride_ranges_b)
+        blocks = (KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h)
+        doc_row, k_doc, ranges = document_ranges(documents, b, pid_n, offs_n, col_ok, ranges, DOCS)
+        # The query tiles that touch a kept block of this key tile (the transposed mask, compacted on the host).
+        kept, n_kept, block_row = kept_blocks(blocks, h, pid_n, SPARSE)
         masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
         MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, False, RAGGED)
         dk, dv = _dkdv_query_range(
             (dk, dv), k, v, (offs_n, start_n, k_doc), q_head, do_head, qdo_strides, dq_head, row_stats, kept, n_kept,
-            (lo, hi, full_lo, full_hi), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, ONE_LOOP,
+            ranges, masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, ONE_LOOP,
             DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
 
@@ -895,23 +881,11 @@ def flash_bwd_dq_kernel(
         k_head = tl.make_tensor_descriptor(k_head, [seq_len_k, HEAD_DIM], [stride_kt, 1], [BLOCK_N, HEAD_DIM])
         v_head = tl.make_tensor_descriptor(v_head, [seq_len_k, HEAD_DIM], [stride_vt, 1], [BLOCK_N, HEAD_DIM])
 
-    lo, hi, full_lo, full_hi = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
-    if DOCS:
-        doc_row = DocIds + b.to(tl.int64) * stride_doc_b
-        q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[:, None]
-        doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + pid_m * 4)
-        lo, hi, full_lo, full_hi = intersect_ranges(lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi)
-    else:  # placeholders: nothing reads them (a tuple cannot hold the None that DocIds is)
-        doc_row = 0
-        q_doc = 0
-    if SPARSE:
-        n_kept = tl.load(KeptCount + h * stride_count_h + pid_m)  # head strides are 0 for a shared mask
-        kept = KeptIndex + h * stride_index_h + pid_m * stride_index_r
-        block_row = BlockMask + h * stride_block_h
-    else:
-        n_kept = 0
-        kept = KeptIndex
-        block_row = 0
+    ranges = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
+    documents = (DocIds, stride_doc_b, DocRanges, stride_ranges_b)
+    blocks = (KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h)
+    doc_row, q_doc, ranges = document_ranges(documents, b, pid_m, q_pos, row_ok, ranges, DOCS)
+    kept, n_kept, block_row = kept_blocks(blocks, h, pid_m, SPARSE)
     # What the key tiles share, grouped as in the forward, plus the rows' LSE·log2 e and δ.
     rows = (offs_m, q_pos, q_doc, start_m)
     masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
@@ -919,7 +893,7 @@ def flash_bwd_dq_kernel(
     MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, RAGGED)
     dq = _dq_key_range(
         dq, q, do, rows, (lse2, delta), k_head, v_head, (stride_kt, stride_kd, stride_vt, stride_vd), kept, n_kept,
-        (lo, hi, full_lo, full_hi), masking, rng, (qk_scale, dropout_scale), BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE,
+        ranges, masking, rng, (qk_scale, dropout_scale), BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE,
         MASKS, ONE_LOOP, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 

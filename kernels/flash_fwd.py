@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .addressing import head_start
 from .dropout import dropout_keep_mask
-from .tile_ranges import block_visible, intersect_ranges, key_range, load_ranges, outside_fast, tile_runs, visible
+from .tile_ranges import block_visible, document_ranges, kept_blocks, key_range, outside_fast, tile_runs, visible
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -351,25 +351,11 @@ def flash_fwd_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
 
-    lo, hi, full_lo, full_hi = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
-    if DOCS:
-        doc_row = DocIds + b.to(tl.int64) * stride_doc_b
-        q_doc = tl.load(doc_row + q_pos, mask=row_ok, other=0)[:, None]
-        doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + pid_m * 4)
-        lo, hi, full_lo, full_hi = intersect_ranges(lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi)
-    else:  # placeholders: nothing reads them (a tuple cannot hold the None that DocIds is)
-        doc_row = 0
-        q_doc = 0
-    if SPARSE:
-        # The key tiles that touch a kept block of this query tile: an ascending list built on the host. Head
-        # strides are 0 when one mask serves every head.
-        n_kept = tl.load(KeptCount + h * stride_count_h + pid_m)
-        kept = KeptIndex + h * stride_index_h + pid_m * stride_index_r
-        block_row = BlockMask + h * stride_block_h
-    else:
-        n_kept = 0
-        kept = KeptIndex
-        block_row = 0
+    ranges = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
+    documents = (DocIds, stride_doc_b, DocRanges, stride_ranges_b)
+    blocks = (KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h)
+    doc_row, q_doc, ranges = document_ranges(documents, b, pid_m, q_pos, row_ok, ranges, DOCS)
+    kept, n_kept, block_row = kept_blocks(blocks, h, pid_m, SPARSE)
     # What the tiles share, grouped: the query rows (index, absolute position, document), what the elementwise mask
     # reads, this head's dropout stream, and the masks given (compile-time flags).
     rows = (offs_m, q_pos, q_doc, start_m)
@@ -377,9 +363,9 @@ def flash_fwd_kernel(
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
     MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, RAGGED)
     acc, l_i, m_i = _forward_key_range(
-        (acc, l_i, m_i), q, rows, k_src, v_src, (stride_kt, stride_kd, stride_vt, stride_vd), kept, n_kept,
-        (lo, hi, full_lo, full_hi), masking, rng, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, ONE_LOOP,
-        DROPOUT, UPCAST, INPUT_PRECISION, TMA,
+        (acc, l_i, m_i), q, rows, k_src, v_src, (stride_kt, stride_kd, stride_vt, stride_vd), kept, n_kept, ranges,
+        masking, rng, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, MASKS, ONE_LOOP, DROPOUT, UPCAST, INPUT_PRECISION,
+        TMA,
     )  # fmt: skip
 
     if EXTRA_MASKS:  # a row that saw no key has l = 0 and acc = 0: o = 0 and LSE = −inf + log2(1) = −inf

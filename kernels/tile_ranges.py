@@ -97,6 +97,44 @@ def load_ranges(ranges_ptr):
 
 
 @triton.jit
+def document_ranges(documents, b, tile, positions, in_bounds, ranges, DOCS: tl.constexpr):
+    """(doc_row, docs, ranges) for tile `tile` of batch row b under documents = (DocIds, stride_doc_b, DocRanges,
+    stride_ranges_b): the row's document ids, those of `positions` (a column; 0 where not in_bounds), and `ranges`
+    (lo, hi, full_lo, full_hi) intersected with the tile's in the documents' schedule for this tiling. Without
+    DOCS: (0, 0, ranges), placeholders that nothing reads (a tuple cannot hold the None that DocIds is)."""
+    DocIds, stride_doc_b, DocRanges, stride_ranges_b = documents
+    if DOCS:
+        doc_row = DocIds + b.to(tl.int64) * stride_doc_b
+        docs = tl.load(doc_row + positions, mask=in_bounds, other=0)[:, None]
+        doc_lo, doc_hi, doc_full_lo, doc_full_hi = load_ranges(DocRanges + b * stride_ranges_b + tile * 4)
+        lo, hi, full_lo, full_hi = ranges
+        ranges = intersect_ranges(lo, hi, full_lo, full_hi, doc_lo, doc_hi, doc_full_lo, doc_full_hi)
+    else:
+        doc_row = 0
+        docs = 0
+    return doc_row, docs, ranges
+
+
+@triton.jit
+def kept_blocks(blocks, h, tile, SPARSE: tl.constexpr):
+    """(kept, n_kept, block_row) for tile `tile` of head h under a block mask blocks = (KeptCount, stride_count_h,
+    KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h): the ascending list kept[0:n_kept] of the
+    tiles of the other axis that touch a kept block of this tile (built on the host; head strides are 0 where one
+    mask serves every head), and the head's block mask. Without SPARSE: (0, 0, 0), placeholders that nothing
+    reads."""
+    KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h = blocks
+    if SPARSE:
+        n_kept = tl.load(KeptCount + h * stride_count_h + tile)
+        kept = KeptIndex + h * stride_index_h + tile * stride_index_r
+        block_row = BlockMask + h * stride_block_h
+    else:
+        n_kept = 0
+        kept = 0
+        block_row = 0
+    return kept, n_kept, block_row
+
+
+@triton.jit
 def split_tiles(lo, hi, full_lo, full_hi, TILE: tl.constexpr):
     """Tile starts [start, a) masked, [a, b) mask-free, [b, hi) masked, covering [lo, hi); start, and a and b when
     the mask-free run is not empty, are multiples of TILE.
