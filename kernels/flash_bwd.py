@@ -340,10 +340,10 @@ def _dkdv_query_range(
     """Query tiles of ranges = (lo, hi, full_lo, full_hi): a masked run (the causal diagonal band), the mask-free
     run inside [full_lo, full_hi), and a masked run (the end of a window, or the ragged last tile). Under a block
     mask, only the listed tiles. ONE_LOOP: the three runs are one loop (`launch.one_loop` says when)."""
-    head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_M, SPARSE, MASKS[3])
+    lead_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_M, SPARSE, MASKS[3])
     if ONE_LOOP:
         state = _dkdv_tiles(
-            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, head_start, tail_end,
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, lead_start, tail_end,
             (fast_start, tail_start), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, "outside_fast", SPARSE, MASKS,
             DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
@@ -351,7 +351,7 @@ def _dkdv_query_range(
         # The masked loops bounds-check their rows whatever Tq, as the dense fused pass does (`_dkdv_dense`).
         EDGE_MASKS: tl.constexpr = MASKS[:6] + (True,)  # noqa: RUF005 (Triton takes no starred tuple)
         state = _dkdv_tiles(
-            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, head_start, fast_start,
+            state, k, v, cols, q_head, do_head, qdo_strides, dq_head, row_stats, kept, lead_start, fast_start,
             (fast_start, fast_start), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, EDGE_MASKS,
             DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
@@ -751,17 +751,17 @@ def _dq_key_range(
     """Key tiles of ranges = (lo, hi, full_lo, full_hi), split as in the forward: masked run, mask-free run, masked
     run (causal band or ragged tail). ONE_LOOP: the three runs are one loop (`launch.one_loop` says when)."""
     EXTRA_MASKS: tl.constexpr = MASKS[5]
-    head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_N, SPARSE, MASKS[3])
+    lead_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_N, SPARSE, MASKS[3])
     if ONE_LOOP:
         dq = _dq_tiles(
-            dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, head_start, tail_end,
+            dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, lead_start, tail_end,
             (fast_start, tail_start), masking, rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, "outside_fast", SPARSE, MASKS,
             DROPOUT, UPCAST, INPUT_PRECISION, TMA,
         )  # fmt: skip
     else:
         if EXTRA_MASKS:  # causal masking alone has no leading masked run (see the forward)
             dq = _dq_tiles(
-                dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, head_start, fast_start, (0, 0), masking,
+                dq, q, do, rows, row_stats, k_head, v_head, kv_strides, kept, lead_start, fast_start, (0, 0), masking,
                 rng, scales, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
         dq = _dq_tiles(

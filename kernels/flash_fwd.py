@@ -239,17 +239,17 @@ def _forward_key_range(
     diagonal band; without masks the last is the ragged tile when Tk is not a multiple of BLOCK_N. Under a block
     mask, only the listed tiles of each run. ONE_LOOP: the three runs are one loop (`launch.one_loop` says when)."""
     EXTRA_MASKS: tl.constexpr = MASKS[5]
-    head_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_N, SPARSE, MASKS[3])
+    lead_start, fast_start, tail_start, tail_end = tile_runs(ranges, kept, n_kept, BLOCK_N, SPARSE, MASKS[3])
     if ONE_LOOP:
         state = _forward_tiles(
-            state, q, rows, k_src, v_src, kv_strides, kept, head_start, tail_end, (fast_start, tail_start), masking,
+            state, q, rows, k_src, v_src, kv_strides, kept, lead_start, tail_end, (fast_start, tail_start), masking,
             rng, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, "outside_fast", SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION,
             TMA,
         )  # fmt: skip
     else:
         if EXTRA_MASKS:  # causal masking alone starts every row at key 0, which it sees: no leading masked run
             state = _forward_tiles(
-                state, q, rows, k_src, v_src, kv_strides, kept, head_start, fast_start, (0, 0), masking, rng,
+                state, q, rows, k_src, v_src, kv_strides, kept, lead_start, fast_start, (0, 0), masking, rng,
                 qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, SPARSE, MASKS, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
             )  # fmt: skip
         state = _forward_tiles(

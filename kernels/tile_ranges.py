@@ -156,7 +156,7 @@ def split_tiles(lo, hi, full_lo, full_hi, TILE: tl.constexpr):
 @triton.jit
 def tile_runs(ranges, kept, n_kept, TILE: tl.constexpr, SPARSE: tl.constexpr, GATHER: tl.constexpr):
     """The three runs a program walks over the tiles of ranges = (lo, hi, full_lo, full_hi) (`split_tiles`): masked,
-    mask-free, masked, as four bounds (head_start, fast_start, tail_start, tail_end). They are tile starts; under a
+    mask-free, masked, as four bounds (lead_start, fast_start, tail_start, tail_end). They are tile starts; under a
     block mask (SPARSE), positions in the ascending list kept[0:n_kept] of the tiles it keeps. GATHER: a kept tile
     may still hold dropped pairs, so every tile is masked (the mask-free run is empty)."""
     lo, hi, full_lo, full_hi = ranges
