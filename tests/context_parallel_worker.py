@@ -79,10 +79,10 @@ def main(out: str) -> None:
     if shard.rank == 0:
         torch.save(results, out)
     dist.barrier()  # rank 0's results are on disk
-    # Rank 1 has aborted in a few full CI runs, never in isolation ("terminate called without an active exception"
-    # from C++, no Python error). Its timing pointed at the teardown; a barrier before destroy_process_group did not
-    # stop it, and 300 init/destroy cycles of two ranks never abort, which leaves the interpreter's exit. What the
-    # test checks is on disk, so both ranks leave without it; if the abort is elsewhere, faulthandler shows where.
+    # Rank 1 has aborted at the end of this worker in a few full CI runs ("terminate called without an active
+    # exception", from C++, with no Python error), never in dozens of runs outside them; a barrier before
+    # destroy_process_group did not stop it. What the test checks is on disk, so both ranks leave without gloo's
+    # teardown or the interpreter's exit; if the abort comes from anywhere else, faulthandler shows where.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
