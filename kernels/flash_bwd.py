@@ -33,7 +33,7 @@ bounds-checked.
 import triton
 import triton.language as tl
 
-from .addressing import head_start
+from .addressing import head_rows
 from .dropout import dropout_keep_mask, dropout_keep_mask_t
 from .tile_ranges import (
     block_visible,
@@ -76,10 +76,8 @@ def flash_bwd_preprocess_kernel(
     """Before the fused dK/dV/dQ pass: δ' = rowsum(dO ∘ O) − dlse in fp32 per query row (dlse: the gradient of the
     returned LSE, or None), and zeros in this program's rows of the fp32 dQ accumulator (if given)."""
     b, h, offs_m, offs_d, row_ok, row = _row_block(n_heads, seq_len, HEAD_DIM, BLOCK_M)
-    o_ptrs = head_start(O, b, h, o_strides)
-    do_ptrs = head_start(DO, b, h, do_strides)
-    stride_ot, stride_od = o_strides[2], o_strides[3]
-    stride_dot, stride_dod = do_strides[2], do_strides[3]
+    o_ptrs, stride_ot, stride_od = head_rows(O, b, h, o_strides)
+    do_ptrs, stride_dot, stride_dod = head_rows(DO, b, h, do_strides)
     o = tl.load(o_ptrs + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
     do = tl.load(do_ptrs + offs_m[:, None] * stride_dot + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
@@ -106,8 +104,7 @@ def flash_bwd_dq_convert_kernel(
     b, h, offs_m, offs_d, row_ok, row = _row_block(n_heads, seq_len, HEAD_DIM, BLOCK_M)
     dq = tl.load(DQAcc + row[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     dq = dq * tl.cast(softmax_scale, tl.float32)
-    dq_ptrs = head_start(DQ, b, h, dq_strides)
-    stride_dqt, stride_dqd = dq_strides[2], dq_strides[3]
+    dq_ptrs, stride_dqt, stride_dqd = head_rows(DQ, b, h, dq_strides)
     tl.store(
         dq_ptrs + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,
         dq.to(DQ.dtype.element_ty),
@@ -498,14 +495,10 @@ def flash_bwd_dkdv_kernel(
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
-    q_head = head_start(Q, b, h, q_strides)
-    k_head = head_start(K, b, h, k_strides)
-    v_head = head_start(V, b, h, v_strides)
-    do_head = head_start(DO, b, h, do_strides)
-    stride_qt, stride_qd = q_strides[2], q_strides[3]  # rows and columns inside a head
-    stride_kt, stride_kd = k_strides[2], k_strides[3]
-    stride_vt, stride_vd = v_strides[2], v_strides[3]
-    stride_dot, stride_dod = do_strides[2], do_strides[3]
+    q_head, stride_qt, stride_qd = head_rows(Q, b, h, q_strides)
+    k_head, stride_kt, stride_kd = head_rows(K, b, h, k_strides)
+    v_head, stride_vt, stride_vd = head_rows(V, b, h, v_strides)
+    do_head, stride_dot, stride_dod = head_rows(DO, b, h, do_strides)
     lse_row = LSE + bh.to(tl.int64) * seq_len_q
     delta_row = Delta + bh.to(tl.int64) * seq_len_q
 
@@ -563,10 +556,8 @@ def flash_bwd_dkdv_kernel(
             DROPOUT, UPCAST, INPUT_PRECISION, DQ_REDUCE, TMA,
         )  # fmt: skip
 
-    dk_head = head_start(DK, b, h, dk_strides)
-    dv_head = head_start(DV, b, h, dv_strides)
-    stride_dkt, stride_dkd = dk_strides[2], dk_strides[3]
-    stride_dvt, stride_dvd = dv_strides[2], dv_strides[3]
+    dk_head, stride_dkt, stride_dkd = head_rows(DK, b, h, dk_strides)
+    dv_head, stride_dvt, stride_dvd = head_rows(DV, b, h, dv_strides)
     dk = dk * softmax_scale
     if DROPOUT:  # dV = c·(P ∘ Z)ᵀ·dO: the keep-scale of every tile at once
         dv = dv * dropout_scale
@@ -843,14 +834,10 @@ def flash_bwd_dq_kernel(
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
-    q_head = head_start(Q, b, h, q_strides)
-    k_head = head_start(K, b, h, k_strides)
-    v_head = head_start(V, b, h, v_strides)
-    do_head = head_start(DO, b, h, do_strides)
-    stride_qt, stride_qd = q_strides[2], q_strides[3]  # rows and columns inside a head
-    stride_kt, stride_kd = k_strides[2], k_strides[3]
-    stride_vt, stride_vd = v_strides[2], v_strides[3]
-    stride_dot, stride_dod = do_strides[2], do_strides[3]
+    q_head, stride_qt, stride_qd = head_rows(Q, b, h, q_strides)
+    k_head, stride_kt, stride_kd = head_rows(K, b, h, k_strides)
+    v_head, stride_vt, stride_vd = head_rows(V, b, h, v_strides)
+    do_head, stride_dot, stride_dod = head_rows(DO, b, h, do_strides)
 
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -864,8 +851,7 @@ def flash_bwd_dq_kernel(
     if FUSED_DELTA:
         # δ = rowsum(dO ∘ O) − dlse for this program's rows (a gradient dlse into the returned LSE adds dlse·P to
         # dS, the same as lowering δ by dlse), stored for the dK/dV kernel that runs next.
-        o_head = head_start(O, b, h, o_strides)
-        stride_ot, stride_od = o_strides[2], o_strides[3]
+        o_head, stride_ot, stride_od = head_rows(O, b, h, o_strides)
         o = tl.load(o_head + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od, mask=row_ok[:, None], other=0.0)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
         if DLSE is not None:
@@ -897,8 +883,7 @@ def flash_bwd_dq_kernel(
         MASKS, ONE_LOOP, DROPOUT, UPCAST, INPUT_PRECISION, TMA,
     )  # fmt: skip
 
-    dq_head = head_start(DQ, b, h, dq_strides)
-    stride_dqt, stride_dqd = dq_strides[2], dq_strides[3]
+    dq_head, stride_dqt, stride_dqd = head_rows(DQ, b, h, dq_strides)
     dq = dq * softmax_scale
     tl.store(
         dq_head + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd,

@@ -31,7 +31,7 @@ key tile runs past Tk, so key loads are bounds-checked. The grouping changes no 
 import triton
 import triton.language as tl
 
-from .addressing import head_start
+from .addressing import head_rows
 from .dropout import dropout_keep_mask
 from .tile_ranges import block_visible, document_ranges, kept_blocks, key_range, outside_fast, tile_runs, visible
 
@@ -323,14 +323,10 @@ def flash_fwd_kernel(
     b = bh // n_heads
     h = bh % n_heads
 
-    q_head = head_start(Q, b, h, q_strides)
-    k_head = head_start(K, b, h, k_strides)
-    v_head = head_start(V, b, h, v_strides)
-    o_head = head_start(O, b, h, o_strides)
-    stride_qt, stride_qd = q_strides[2], q_strides[3]  # rows and columns inside a head
-    stride_kt, stride_kd = k_strides[2], k_strides[3]
-    stride_vt, stride_vd = v_strides[2], v_strides[3]
-    stride_ot, stride_od = o_strides[2], o_strides[3]
+    q_head, stride_qt, stride_qd = head_rows(Q, b, h, q_strides)
+    k_head, stride_kt, stride_kd = head_rows(K, b, h, k_strides)
+    v_head, stride_vt, stride_vd = head_rows(V, b, h, v_strides)
+    o_head, stride_ot, stride_od = head_rows(O, b, h, o_strides)
     k_src = k_head
     v_src = v_head
     if TMA:  # bulk tensor copies (TMA) of whole tiles; the descriptor's bounds zero-fill rows past Tk
