@@ -46,8 +46,9 @@ case "${1:?part: kernels | tune-backward | ab | ncu | masks | train | masks64k |
     python scripts/tune_attention.py --head-dims 64,128 --dropout 0,0.1 --passes bwd_fused \
       --out kernels/tuned_h100.json --log "$OUT/tune_fused.json" 2>&1 | tee "$OUT/tune_fused.log"
     ;;
-  ab)  # a kernel change against a baseline copy of kernels/, prepared beside the checkout and carried along:
-       # mkdir -p .ab/baseline && git archive <ref> kernels | tar -x -C .ab/baseline
+  ab)  # a kernel change against a baseline copy of kernels/, prepared beside the checkout (.ab/ is git-ignored:
+       # carry it to the GPU machine): mkdir -p .ab/baseline && git archive <ref> kernels | tar -x -C .ab/baseline
+       # (under masks: scripts/ab_kernels.py --masks documents,local_global,...)
     python scripts/ab_kernels.py --baseline .ab/baseline/kernels --passes fwd,bwd --head-dims 64,128 \
       --seq-lens 1024,4096,16384 --dropout 0,0.1 --rounds 3 --out "$OUT/ab.json" 2>&1 | tee "$OUT/ab.log"
     ;;
