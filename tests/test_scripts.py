@@ -407,3 +407,34 @@ def test_study_report_names_a_truncated_or_foreign_plan(tmp_path: Path, plan: st
     (tmp_path / "raw" / "plan.json").write_text(plan)
     with pytest.raises(SystemExit, match=re.escape(f"study_report.py: {tmp_path / 'raw'}/{message}")):
         study_report.main([str(tmp_path)])
+
+
+@pytest.mark.parametrize("masks", ["documents", "blocks", "window"])
+def test_ab_kernels_schedules_each_version_s_masks_as_its_flash_mask_does(tmp_path, masks):
+    """scripts/ab_kernels.py --masks builds, for the baseline copy of kernels/ and for the working tree alike, the
+    FlashMask that version's flash_mask would build (its own class, tilings and schedule), so that an A/B under masks
+    times what flash_attention launches."""
+    import ab_kernels
+
+    from flashgpt.kernel_copies import load_launch
+    from flashgpt.kernels import flash_mask
+
+    seq_len = 256
+    blocks = torch.rand(1, 4, 4, generator=torch.Generator().manual_seed(0)) < 0.5
+    kwargs = {
+        "documents": {"document_ids": torch.arange(seq_len).repeat(2, 1) * 5 // seq_len},
+        "blocks": {"block_mask": blocks, "block_size": 64},
+        "window": {"window_size": 100},
+    }[masks]
+    shutil.copytree(ROOT / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    baseline = load_launch(tmp_path / "kernels", "ab_test_baseline")
+    q = torch.randn(2, 12, seq_len, 64)
+    expected = flash_mask(seq_len, seq_len, head_dim=64, dtype=q.dtype, **kwargs)
+    for launch, package in ((baseline, "ab_test_baseline"), (ab_kernels.current_launch, "flashgpt.kernels")):
+        mask = ab_kernels.build_masks(launch, kwargs, q, launch.AttentionParams(True, 0.0, 0.125))
+        assert type(mask).__module__ == f"{package}.tile_schedule"
+        assert mask.tiles == expected.tiles and mask.window_size == expected.window_size
+        assert (mask.schedule is None) == (expected.schedule is None)
+        if expected.schedule is not None:
+            assert torch.equal(mask.schedule, expected.schedule)
+    assert ab_kernels.build_masks(baseline, {}, q, baseline.AttentionParams(True, 0.0, 0.125)) is baseline.NO_MASKS
