@@ -8,21 +8,21 @@ properties Triton specialises on, and later calls with the same key launch it di
 
 Key per positional argument: a tensor's dtype and whether its address is 16-byte aligned; a host-made tensor
 descriptor's element type, tile shape, shared-memory layout and padding; an int's value, or, for the kernel's
-`do_not_specialize` arguments (seeds, offsets: different on every call), only its integer width; a tuple of ints (a
-tensor's strides) by its values, as Triton specialises every int in it; a float by its type alone, None as it is;
-with the constexpr keyword arguments (by value) and the current device, that is the key. Tensors go to kernels as
-arguments of their own, never inside a tuple (`launch_plans` binds tensors by their position). Which positions hold
-tensors, unspecialised ints, floats and descriptors follows from the arguments' types, so it is worked out once per
-tuple of types and each call only visits those positions (a comprehension over every argument cost an H100 host ~35
-µs per launch). Launch hooks (profilers) and the interpreter always take Triton's own path.
+`do_not_specialize` arguments (seeds, offsets: different on every call), only its integer width; a tuple (a
+tensor's strides, a mask's tensors and strides) item by item, its ints by value, as Triton specialises every int in
+it, and its tensors as tensors are keyed; a float by its type alone, None as it is; with the constexpr keyword
+arguments (by value) and the current device, that is the key. Which positions hold tensors, unspecialised ints,
+floats, descriptors and tuples follows from the arguments' types, so it is worked out once per tuple of types and
+each call only visits those positions (a comprehension over every argument cost an H100 host ~35 µs per launch).
+Launch hooks (profilers) and the interpreter always take Triton's own path.
 
 `bind` goes one step further for a caller that launches the same kernel with the same arguments but a few (its
 tensors, a seed): it returns a `BoundLaunch` holding the whole argument list of the compiled launcher's C entry
-point, whose call only fills in those. A host-made tensor descriptor becomes there what Triton's Python launcher
-makes of it on every call (`make_tensordesc_arg`): a TMA descriptor (CUtensorMap) of the tensor's address, then
-its shape and strides. A bound launch fills the shape and strides in once and each address's TMA descriptor once
-(`TensorMaps`): a launch of the fused backward, with seven descriptors, cost ~50 µs of host time through Triton's
-launcher.
+point, whose call only fills in those (top-level arguments; tensors inside a tuple are bound by address). A
+host-made tensor descriptor becomes there what Triton's Python launcher makes of it on every call
+(`make_tensordesc_arg`): a TMA descriptor (CUtensorMap) of the tensor's address, then its shape and strides. A bound
+launch fills the shape and strides in once and each address's TMA descriptor once (`TensorMaps`): a launch of the
+fused backward, with seven descriptors, cost ~50 µs of host time through Triton's launcher.
 
 The direct path leans on Triton internals (the compiled kernel's `run`, `function` and `packed_metadata`, and the
 launcher's argument order), checked on the Triton release named below. With any other release every launch takes
@@ -78,24 +78,25 @@ class FastLauncher:
         self._entries: dict[tuple, tuple[Callable, object, object, tuple[str, ...]]] = {}
 
     def _layout(self, types: tuple[type, ...]) -> tuple[tuple[int, ...], ...]:
-        """Positions of the tensors, of the unspecialised ints, of the floats and of the tensor descriptors among
-        arguments of these types."""
+        """Positions of the tensors, of the unspecialised ints, of the floats, of the tensor descriptors and of the
+        tuples among arguments of these types."""
         layout = self._layouts.get(types)
         if layout is None:  # once per types tuple
             tensors = tuple(i for i, t in enumerate(types) if issubclass(t, torch.Tensor))
             widths = tuple(i for i, t in enumerate(types) if t is int and i in self.unspecialized)
             floats = tuple(i for i, t in enumerate(types) if t is float)
             descriptors = tuple(i for i, t in enumerate(types) if issubclass(t, DESCRIPTOR_TYPES))
-            layout = self._layouts[types] = (tensors, widths, floats, descriptors)
+            tuples = tuple(i for i, t in enumerate(types) if t is tuple)
+            layout = self._layouts[types] = (tensors, widths, floats, descriptors, tuples)
         return layout
 
     def key(self, device: int, args: tuple, constexprs: dict) -> tuple:
         """What Triton specialises a launch with these arguments on, on `device` (see the module docstring)."""
         types = tuple(map(type, args))
-        tensors, widths, floats, descriptors = self._layout(types)
+        tensors, widths, floats, descriptors, tuples = self._layout(types)
         key = list(args)
         for i in tensors:
-            key[i] = (args[i].dtype, args[i].data_ptr() % 16 == 0)
+            key[i] = _tensor_key(args[i])
         for i in widths:
             key[i] = int_width(args[i])
         for i in floats:
@@ -103,6 +104,8 @@ class FastLauncher:
         for i in descriptors:  # Triton's `tensordesc<dtype[tile], layout>`; the base is 16-byte aligned by contract
             d = args[i]
             key[i] = (types[i], d.base.dtype, tuple(d.block_shape), getattr(d, "layout", None), d.padding)
+        for i in tuples:
+            key[i] = _tuple_key(args[i])
         # A tensor's (dtype, aligned) pair, a descriptor's tuple, an int, a width, None, float: no value at one
         # position stands for two types, so the key needs no types tuple.
         return (device, tuple(key), tuple(constexprs.items()))
@@ -129,7 +132,7 @@ class FastLauncher:
         run, function, metadata, tail = entry
         kernel_args = [*args, *(constexprs[name] for name in tail)]
         for position in baked:
-            kernel_args[position] = kernel_args[position].data_ptr()
+            kernel_args[position] = addresses(kernel_args[position])
         grid = (*grid, 1, 1)[:3]
         launcher, metas = _c_entry(run)
         if (
@@ -182,6 +185,28 @@ class FastLauncher:
         stream = torch._C._cuda_getCurrentRawStream(device)
         constexpr_args = [constexprs[name] for name in tail]
         run(grid[0], grid_y, grid_z, stream, function, metadata, None, None, None, *args, *constexpr_args)
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (t.dtype, t.data_ptr() % 16 == 0)
+
+
+def _tuple_key(value: tuple) -> tuple:
+    """A tuple argument as Triton specialises it: its tensors by dtype and alignment, its tuples alike, anything
+    else by value."""
+    return tuple(
+        _tensor_key(item) if isinstance(item, torch.Tensor) else _tuple_key(item) if type(item) is tuple else item
+        for item in value
+    )
+
+
+def addresses(value):
+    """A tensor, or a tuple holding tensors, with each tensor replaced by its address, as a bound launch passes it."""
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr()
+    if type(value) is tuple:
+        return tuple(addresses(item) for item in value)
+    return value
 
 
 def _c_entry(run) -> tuple[Callable, list]:

@@ -46,8 +46,8 @@ class LaunchPlan:
     def bind(cls, launches: Sequence[Launch], values: Sequence, mask: FlashMask) -> "LaunchPlan | None":
         """Plan `launches`, made with `values` (the call's tensors, None where absent, then its SCALARS). None if
         they cannot be replayed: a launch took a tensor (or a descriptor of one) that is neither among values nor
-        the mask's, or a tensor inside a tuple, two values are one tensor (their positions would be ambiguous), or
-        launches do not take the direct path."""
+        the mask's, or inside a tuple a tensor not the mask's (a replay binds those by address) or a descriptor,
+        two values are one tensor (their positions would be ambiguous), or launches do not take the direct path."""
         tensors = {id(t): i for i, t in enumerate(values) if isinstance(t, Tensor)}
         if len(tensors) != sum(isinstance(t, Tensor) for t in values):
             return None
@@ -71,8 +71,15 @@ class LaunchPlan:
                     if index is None:
                         return None
                     descriptors.append((position, index))
-                elif isinstance(arg, tuple) and any(isinstance(item, Tensor) for item in arg):
-                    return None  # a tensor inside a tuple would be replayed as it is
+                elif type(arg) is tuple:
+                    inside = list(_leaves(arg))
+                    if any(isinstance(item, DESCRIPTOR_TYPES) for item in inside):
+                        return None
+                    nested = [item for item in inside if isinstance(item, Tensor)]
+                    if any(t.untyped_storage().data_ptr() not in owned for t in nested):
+                        return None  # a call's tensor inside a tuple would be replayed as it is
+                    if nested:
+                        baked.append(position)
             names = launch.kernel.arg_names[: len(launch.args)]
             slots += [(names.index(name), first_scalar + i) for i, name in enumerate(SCALARS) if name in names]
             replay = launch.bind(slots, descriptors, baked)
@@ -87,6 +94,15 @@ class LaunchPlan:
         arguments = [pointer(v) if isinstance(v, Tensor) else v for v in values]
         for launch in self.launches:
             launch(arguments, stream)
+
+
+def _leaves(value: tuple):
+    """The items of a tuple argument, nested tuples' included."""
+    for item in value:
+        if type(item) is tuple:
+            yield from _leaves(item)
+        else:
+            yield item
 
 
 def pointer(t: Tensor) -> int:

@@ -16,7 +16,7 @@ from triton.runtime.jit import JITFunction
 from flashgpt.kernels.fast_launch import FastLauncher
 
 
-def _kernel(X, Y, strides, n, seed, scale, BLOCK: tl.constexpr):  # the signature is all the key reads
+def _kernel(X, Y, strides, masks, n, seed, scale, BLOCK: tl.constexpr):  # the signature is all the key reads
     pass
 
 
@@ -25,9 +25,15 @@ def launcher() -> FastLauncher:
     return FastLauncher(JITFunction(_kernel, do_not_specialize=["seed"]))
 
 
-def _args(x=None, y=None, strides=(64, 1), n=64, seed=5, scale=0.5) -> tuple:
+def _masks(ids=None, stride=64) -> tuple:
+    """A mask argument as the kernels take one: its tensors and their strides in a tuple, None where not given."""
+    ids = torch.zeros(2, 64, dtype=torch.int32) if ids is None else ids
+    return ((ids, stride), (None, 0))
+
+
+def _args(x=None, y=None, strides=(64, 1), masks=None, n=64, seed=5, scale=0.5) -> tuple:
     x = torch.zeros(64) if x is None else x
-    return (x, y, strides, n, seed, scale)
+    return (x, y, strides, _masks() if masks is None else masks, n, seed, scale)
 
 
 def test_same_specialisation_same_key(launcher):
@@ -35,7 +41,22 @@ def test_same_specialisation_same_key(launcher):
     # other tensor data, equal strides of another tensor, another seed of the same integer width, another float: the
     # same compiled kernel
     strides = torch.zeros(3, 64).stride()
-    assert launcher.key(0, _args(x=torch.ones(64), strides=strides, seed=2**31 - 1, scale=3.0), {"BLOCK": 16}) == key
+    masks = _masks(ids=torch.ones(2, 64, dtype=torch.int32))  # another mask tensor of the same dtype and alignment
+    assert (
+        launcher.key(0, _args(x=torch.ones(64), strides=strides, masks=masks, seed=2**31 - 1, scale=3.0), {"BLOCK": 16})
+        == key
+    )
+
+
+def test_the_key_holds_no_tensor(launcher):
+    """Tensors, at the top or inside a tuple, are keyed by what Triton specialises on: a key kept in the launcher's
+    cache must neither keep a call's tensors alive nor tell apart two calls by their tensors' identity."""
+
+    def leaves(value):
+        for item in value:
+            yield from leaves(item) if isinstance(item, tuple) else (item,)
+
+    assert not any(isinstance(item, torch.Tensor) for item in leaves(launcher.key(0, _args(), {"BLOCK": 16})))
 
 
 @pytest.mark.parametrize(
@@ -48,6 +69,10 @@ def test_same_specialisation_same_key(launcher):
         ({"n": 2**40}, {"BLOCK": 16}),  # a specialised int's width
         ({"strides": (72, 1)}, {"BLOCK": 16}),  # an int in a tuple: Triton specialises each (divisible by 16)
         ({"strides": (64, 2)}, {"BLOCK": 16}),  # == 1 no longer
+        ({"masks": _masks(ids=torch.zeros(2, 64, dtype=torch.int64))}, {"BLOCK": 16}),  # a tensor's dtype in a tuple
+        ({"masks": _masks(ids=torch.zeros(129, dtype=torch.int32)[1:])}, {"BLOCK": 16}),  # its alignment
+        ({"masks": ((None, 64), (None, 0))}, {"BLOCK": 16}),  # None where a tuple held a tensor
+        ({"masks": _masks(stride=72)}, {"BLOCK": 16}),  # an int beside it
         ({"seed": 2**40}, {"BLOCK": 16}),  # an unspecialised int's width
         ({"scale": 1}, {"BLOCK": 16}),  # an int where there was a float
         ({}, {"BLOCK": 32}),  # a constexpr
@@ -60,6 +85,10 @@ def test_same_specialisation_same_key(launcher):
         "int-width",
         "tuple-int-value",
         "tuple-int-one",
+        "tuple-tensor-dtype",
+        "tuple-tensor-alignment",
+        "tuple-tensor-to-none",
+        "tuple-stride",
         "seed-width",
         "float-to-int",
         "constexpr",

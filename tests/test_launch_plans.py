@@ -221,3 +221,56 @@ def test_a_bound_launch_passes_what_tritons_launcher_would(monkeypatch):
 
     foreign = values_of_a_call(2**40)
     assert launch_plans.LaunchPlan.bind(launches(values_of_a_call(2**40)), foreign, NO_MASKS) is None
+
+
+def _masked_kernel(out, masks, seed, BLOCK: tl.constexpr):  # only its signature is read
+    pass
+
+
+class _Entry:
+    """Stands for a compiled launcher's C entry point: records the arguments of each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, *args) -> None:
+        self.calls.append(args)
+
+
+def test_a_mask_tensor_inside_a_tuple_is_bound_by_address(monkeypatch):
+    """A launch that takes a mask's tensors inside a tuple (the kernels' documents and block-mask arguments) is
+    planned: the mask's tensors are bound by address inside the tuple, kept alive with the plan, and every replay
+    passes the call's own tensors and seed; a tuple holding a tensor of the call instead makes binding refuse."""
+    from flashgpt.kernels import launch
+
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+    entry = _Entry()
+    run = SimpleNamespace(launch=entry, global_scratch_size=0, profile_scratch_size=0, num_ctas=1,
+                          launch_cooperative_grid=False, launch_pdl=False)  # fmt: skip
+    kernel = JITFunction(_masked_kernel, do_not_specialize=["seed"])
+    mask = flash_mask(40, 40, head_dim=32, dtype=torch.float32, document_ids=torch.arange(40)[None] // 16)
+    ids = mask.document_ids
+
+    def values_of_a_call(seed: int) -> list:
+        return [torch.empty(8), seed, 0, 0]  # the call's tensors, then launch_plans.SCALARS
+
+    def launches(values, masks_arg) -> list[Launch]:
+        return [Launch(kernel, (3, 2), (values[0], masks_arg, values[1]), {"BLOCK": 16})]
+
+    first = values_of_a_call(5)
+    (made,) = launches(first, ((ids, 40), (None, 0)))
+    fast = launch._fast_launcher(kernel)
+    fast._entries[fast.key(0, made.args, made.constexprs)] = (run, 7, "packed metadata", ("BLOCK",))
+    plan = launch_plans.LaunchPlan.bind([made], first, mask)
+    assert plan is not None and plan.mask_tensors == [made.args[1]]  # the mask's tuple, kept alive with the plan
+
+    call = values_of_a_call(6)
+    plan(call)
+    (args,) = entry.calls
+    assert args[-4:] == (call[0].data_ptr(), ((ids.data_ptr(), 40), (None, 0)), 6, 16)  # BLOCK last
+
+    foreign = values_of_a_call(5)
+    (made,) = launches(foreign, ((torch.zeros_like(ids), 40), (None, 0)))
+    assert launch_plans.LaunchPlan.bind([made], foreign, mask) is None
