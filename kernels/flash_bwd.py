@@ -456,18 +456,8 @@ def flash_bwd_dkdv_kernel(
     dropout_threshold,
     dropout_scale,
     window_size,
-    DocIds,
-    stride_doc_b,
-    DocRanges,
-    stride_ranges_b,
-    KeptCount,
-    stride_count_h,
-    KeptIndex,
-    stride_index_h,
-    stride_index_r,
-    BlockMask,
-    stride_block_h,
-    stride_block_row,
+    documents,
+    blocks,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -543,12 +533,10 @@ def flash_bwd_dkdv_kernel(
     else:
         # Only the query tiles that can see this key tile; query rows above the causal band are skipped.
         ranges = query_range(start_n, seq_len_q, seq_len_k, window_size, BLOCK_N, CAUSAL, WINDOW)
-        documents = (DocIds, stride_doc_b, DocRanges, stride_ranges_b)
-        blocks = (KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h)
         doc_row, k_doc, ranges = document_ranges(documents, b, pid_n, offs_n, col_ok, ranges, DOCS)
         # The query tiles that touch a kept block of this key tile (the transposed mask, compacted on the host).
         kept, n_kept, block_row = kept_blocks(blocks, h, pid_n, SPARSE)
-        masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
+        masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, blocks[7])
         MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, False, RAGGED)
         dk, dv = _dkdv_query_range(
             (dk, dv), k, v, (offs_n, start_n, k_doc), q_head, do_head, qdo_strides, dq_head, row_stats, kept, n_kept,
@@ -794,18 +782,8 @@ def flash_bwd_dq_kernel(
     dropout_threshold,
     dropout_scale,
     window_size,
-    DocIds,
-    stride_doc_b,
-    DocRanges,
-    stride_ranges_b,
-    KeptCount,
-    stride_count_h,
-    KeptIndex,
-    stride_index_h,
-    stride_index_r,
-    BlockMask,
-    stride_block_h,
-    stride_block_row,
+    documents,
+    blocks,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -868,13 +846,11 @@ def flash_bwd_dq_kernel(
         v_head = tl.make_tensor_descriptor(v_head, [seq_len_k, HEAD_DIM], [stride_vt, 1], [BLOCK_N, HEAD_DIM])
 
     ranges = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
-    documents = (DocIds, stride_doc_b, DocRanges, stride_ranges_b)
-    blocks = (KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h)
     doc_row, q_doc, ranges = document_ranges(documents, b, pid_m, q_pos, row_ok, ranges, DOCS)
     kept, n_kept, block_row = kept_blocks(blocks, h, pid_m, SPARSE)
     # What the key tiles share, grouped as in the forward, plus the rows' LSE·log2 e and δ.
     rows = (offs_m, q_pos, q_doc, start_m)
-    masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
+    masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, blocks[7])
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
     MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, RAGGED)
     dq = _dq_key_range(

@@ -521,15 +521,8 @@ def flash_bwd_dkdv_hopper_kernel(
     dropout_threshold,
     dropout_scale,
     window_size,
-    DocIds,
-    stride_doc,
-    DocRanges,
-    stride_ranges,
-    KeptCount,
-    KeptIndex,
-    stride_count_h,
-    stride_index_h,
-    stride_index_r,
+    documents,
+    blocks,
     WalkOrder,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
@@ -543,11 +536,11 @@ def flash_bwd_dkdv_hopper_kernel(
     dQ pass leaves them). Q and dO arrive as descriptors in tiles of (1, 1, BLOCK_M, D), K and V in tiles of
     (1, 1, 64, D), and dK and dV leave through descriptors of K's tiles, all made on the host
     (`launch.launch_dkdv_hopper`). With CAUSAL, two more masks (as in `flash_fwd_hopper.py`): WINDOW, a sliding
-    window of window_size keys, and DocIds with its schedule DocRanges (for this tiling: per key tile, the query
-    ranges), documents, and KeptIndex with KeptCount, a block mask's kept query tiles per key tile, and WalkOrder
-    the order the key tiles' programs start in (`long_walks_first`)."""
-    DOCS: gl.constexpr = DocIds is not None
-    SPARSE: gl.constexpr = KeptIndex is not None
+    window of window_size keys, documents (DocIds with its schedule DocRanges, for this tiling: per key tile, the
+    query ranges) and blocks (a block mask's kept query tiles per key tile, KeptIndex with KeptCount), and
+    WalkOrder the order the key tiles' programs start in (`long_walks_first`)."""
+    DOCS: gl.constexpr = documents[0] is not None
+    SPARSE: gl.constexpr = blocks[0] is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -572,11 +565,7 @@ def flash_bwd_dkdv_hopper_kernel(
     fence_async_shared()
 
     shift = seq_len_k - seq_len_q
-    masks = (
-        window_size,
-        (DocIds, stride_doc, DocRanges, stride_ranges),
-        (KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h),
-    )
+    masks = (window_size, documents, blocks)
     lo, n_tiles, hi, kept, docs, doc_range = key_tile_walk(
         tile, b, h, shift, seq_len_q, masks, BLOCK_M, BLOCK_N, CAUSAL, WINDOW
     )

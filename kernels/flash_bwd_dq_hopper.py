@@ -286,15 +286,8 @@ def flash_bwd_dq_hopper_kernel(
     dropout_threshold,
     dropout_scale,
     window_size,
-    DocIds,
-    stride_doc,
-    DocRanges,
-    stride_ranges,
-    KeptCount,
-    KeptIndex,
-    stride_count_h,
-    stride_index_h,
-    stride_index_r,
+    documents,
+    blocks,
     STAGES: gl.constexpr,
     CAUSAL: gl.constexpr,
     WINDOW: gl.constexpr,
@@ -305,11 +298,11 @@ def flash_bwd_dq_hopper_kernel(
     (B, H, Tq, D), K, V (B, H, Tk, D), the forward's LSE and, if not None, its gradient DLSE (B·H·Tq fp32 each).
     Q, dO (tiles of BLOCK_M rows), K and V (BLOCK_N rows) arrive as descriptors made on the host, and dQ leaves
     through one of Q's tiles (`launch.launch_dq_hopper`); dO and O are also read through pointers, for δ. With
-    CAUSAL, two more masks (as in `flash_fwd_hopper.py`): WINDOW, a sliding window of window_size keys, and DocIds
-    with its schedule DocRanges for this tiling, documents, and KeptIndex with KeptCount, a block mask's kept key
-    tiles per query tile."""
-    DOCS: gl.constexpr = DocIds is not None
-    SPARSE: gl.constexpr = KeptIndex is not None
+    CAUSAL, two more masks (as in `flash_fwd_hopper.py`): WINDOW, a sliding window of window_size keys, documents
+    (DocIds with its schedule DocRanges for this tiling) and blocks (a block mask's kept key tiles per query tile,
+    KeptIndex with KeptCount)."""
+    DOCS: gl.constexpr = documents[0] is not None
+    SPARSE: gl.constexpr = blocks[0] is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -331,11 +324,7 @@ def flash_bwd_dq_hopper_kernel(
         mbarrier.init(ring[1].index(i), count=1)
     fence_async_shared()
 
-    masks = (
-        window_size,
-        (DocIds, stride_doc, DocRanges, stride_ranges),
-        (KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h),
-    )
+    masks = (window_size, documents, blocks)
     # Key tiles [b, t_hi) cross the diagonal or the end of the keys, [a, b) are seen whole by every row, and (under
     # a window or documents) [t_lo, a) cross its lower edge or a document's start.
     if WINDOW or DOCS or SPARSE:

@@ -272,15 +272,8 @@ def flash_bwd_fused_hopper_kernel(
     dropout_threshold,
     dropout_scale,
     window_size,
-    DocIds,
-    stride_doc,
-    DocRanges,
-    stride_ranges,
-    KeptCount,
-    KeptIndex,
-    stride_count_h,
-    stride_index_h,
-    stride_index_r,
+    documents,
+    blocks,
     WalkOrder,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
@@ -293,11 +286,11 @@ def flash_bwd_fused_hopper_kernel(
     dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ. Descriptors
     as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of (1, 1, 64, D)), and
     dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`). Masks as the dK/dV pass takes
-    them (`flash_bwd_dkdv_hopper_kernel`): with CAUSAL, WINDOW (a sliding window of window_size keys), DocIds with
-    its schedule DocRanges, and KeptIndex with KeptCount, a block mask's kept query tiles per key tile, and
-    WalkOrder the order the key tiles' programs start in."""
-    DOCS: gl.constexpr = DocIds is not None
-    SPARSE: gl.constexpr = KeptIndex is not None
+    them (`flash_bwd_dkdv_hopper_kernel`): with CAUSAL, WINDOW (a sliding window of window_size keys), documents
+    (DocIds with its schedule DocRanges) and blocks (a block mask's kept query tiles per key tile, KeptIndex with
+    KeptCount), and WalkOrder the order the key tiles' programs start in."""
+    DOCS: gl.constexpr = documents[0] is not None
+    SPARSE: gl.constexpr = blocks[0] is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -325,11 +318,7 @@ def flash_bwd_fused_hopper_kernel(
     fence_async_shared()
 
     shift = seq_len_k - seq_len_q
-    masks = (
-        window_size,
-        (DocIds, stride_doc, DocRanges, stride_ranges),
-        (KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h),
-    )
+    masks = (window_size, documents, blocks)
     lo, n_tiles, hi, kept, docs, doc_range = key_tile_walk(
         tile, b, h, shift, seq_len_q, masks, BLOCK_M, BLOCK_N, CAUSAL, WINDOW
     )

@@ -310,15 +310,8 @@ def flash_fwd_hopper_kernel(
     dropout_threshold,
     dropout_scale,
     window_size,
-    DocIds,
-    stride_doc,
-    DocRanges,
-    stride_ranges,
-    KeptCount,
-    KeptIndex,
-    stride_count_h,
-    stride_index_h,
-    stride_index_r,
+    documents,
+    blocks,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
     CAUSAL: gl.constexpr,
@@ -329,14 +322,16 @@ def flash_fwd_hopper_kernel(
     """O (B, H, Tq, D) and LSE (B·H·Tq fp32) of a query tile (64 · CONSUMERS rows) of a head (`query_tile_program`),
     from tensor descriptors of Q (B, H, Tq, D) in tiles of (1, 1, 64, D) and K, V (B, H, Tk, D) in tiles of
     (1, 1, BLOCK_N, D), made on the host (`launch.launch_forward_hopper`). With CAUSAL, two more masks:
-    WINDOW, each query sees only the window_size keys up to its own position; DocIds (B, Tk) int32 (else None), a
-    query sees only the keys of its own document, with DocRanges the documents' schedule for this tiling (B, query
-    tiles, 4) int32 (`tile_schedule.py`); KeptIndex (H or 1, query tiles, key tiles) int32 (else None), a block
-    mask whose tiles this tiling's fit whole, with KeptCount, its kept key tiles per query tile. With DROPOUT, the
+    WINDOW, each query sees only the window_size keys up to its own position; documents = (DocIds, stride_b,
+    DocRanges, stride_b), DocIds (B, Tk) int32 (else None): a query sees only the keys of its own document, with
+    DocRanges the documents' schedule for this tiling (B, query tiles, 4) int32 (`tile_schedule.py`); blocks =
+    (KeptCount, stride_h, KeptIndex, stride_h, stride_row), KeptIndex (H or 1, query tiles, key tiles) int32 (else
+    None): a block mask whose tiles this tiling's fit whole, with KeptCount, its kept key tiles per query tile (head
+    strides 0 for a mask every head shares). With DROPOUT, the
     keep-mask of (seed, offset_lo, offset_hi) at dropout_threshold, kept values scaled by dropout_scale
     (`gluon_dropout.py`)."""
-    DOCS: gl.constexpr = DocIds is not None
-    SPARSE: gl.constexpr = KeptIndex is not None
+    DOCS: gl.constexpr = documents[0] is not None
+    SPARSE: gl.constexpr = blocks[0] is not None
     dtype: gl.constexpr = q_desc.dtype
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_M: gl.constexpr = ROWS * CONSUMERS
@@ -361,11 +356,7 @@ def flash_fwd_hopper_kernel(
         mbarrier.init(ring[2].index(i), count=CONSUMERS)  # every math warpgroup hands the buffer back
     fence_async_shared()
 
-    masks = (
-        window_size,
-        (DocIds, stride_doc, DocRanges, stride_ranges),
-        (KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h),
-    )
+    masks = (window_size, documents, blocks)
     if WINDOW or DOCS or SPARSE:
         docs, kept, tiles = masked_query_tile(start_m, b, h, seq_len_q, seq_len_k, masks, BLOCK_M, BLOCK_N, WINDOW)
     else:

@@ -186,10 +186,10 @@ def tile_documents(documents, b, tile):
 
 @gluon.jit
 def tile_kept_list(blocks, h, tile):
-    """(kept, n_kept) of tile `tile` of this tiling for head h under a block mask blocks = (KeptIndex, KeptCount,
-    stride_index_h, stride_index_r, stride_count_h): the ascending list kept[0:n_kept] of the tiles it keeps
-    (`tile_schedule.py`); (0, 0) where KeptIndex is None."""
-    KeptIndex, KeptCount, stride_index_h, stride_index_r, stride_count_h = blocks
+    """(kept, n_kept) of tile `tile` of this tiling for head h under a block mask blocks = (KeptCount,
+    stride_count_h, KeptIndex, stride_index_h, stride_index_r), as the Triton passes take it without its block mask:
+    the ascending list kept[0:n_kept] of the tiles it keeps (`tile_schedule.py`); (0, 0) where KeptIndex is None."""
+    KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r = blocks
     if KeptIndex is not None:
         kept = KeptIndex + h * stride_index_h + tile * stride_index_r
         n_kept = gl.load(KeptCount + h * stride_count_h + tile)
