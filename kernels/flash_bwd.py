@@ -535,8 +535,8 @@ def flash_bwd_dkdv_kernel(
         ranges = query_range(start_n, seq_len_q, seq_len_k, window_size, BLOCK_N, CAUSAL, WINDOW)
         doc_row, k_doc, ranges = document_ranges(documents, b, pid_n, offs_n, col_ok, ranges, DOCS)
         # The query tiles that touch a kept block of this key tile (the transposed mask, compacted on the host).
-        kept, n_kept, block_row = kept_blocks(blocks, h, pid_n, SPARSE)
-        masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, blocks[7])
+        kept, n_kept, block_row, stride_block_row = kept_blocks(blocks, h, pid_n, SPARSE)
+        masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
         MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, False, RAGGED)
         dk, dv = _dkdv_query_range(
             (dk, dv), k, v, (offs_n, start_n, k_doc), q_head, do_head, qdo_strides, dq_head, row_stats, kept, n_kept,
@@ -847,10 +847,10 @@ def flash_bwd_dq_kernel(
 
     ranges = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
     doc_row, q_doc, ranges = document_ranges(documents, b, pid_m, q_pos, row_ok, ranges, DOCS)
-    kept, n_kept, block_row = kept_blocks(blocks, h, pid_m, SPARSE)
+    kept, n_kept, block_row, stride_block_row = kept_blocks(blocks, h, pid_m, SPARSE)
     # What the key tiles share, grouped as in the forward, plus the rows' LSE·log2 e and δ.
     rows = (offs_m, q_pos, q_doc, start_m)
-    masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, blocks[7])
+    masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
     MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, RAGGED)
     dq = _dq_key_range(

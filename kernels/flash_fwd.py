@@ -339,11 +339,11 @@ def flash_fwd_kernel(
 
     ranges = key_range(start_m, seq_len_q, seq_len_k, window_size, BLOCK_M, CAUSAL, WINDOW)
     doc_row, q_doc, ranges = document_ranges(documents, b, pid_m, q_pos, row_ok, ranges, DOCS)
-    kept, n_kept, block_row = kept_blocks(blocks, h, pid_m, SPARSE)
+    kept, n_kept, block_row, stride_block_row = kept_blocks(blocks, h, pid_m, SPARSE)
     # What the tiles share, grouped: the query rows (index, absolute position, document), what the elementwise mask
     # reads, this head's dropout stream, and the masks given (compile-time flags).
     rows = (offs_m, q_pos, q_doc, start_m)
-    masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, blocks[7])
+    masking = (seq_len_q, seq_len_k, window_size, doc_row, block_row, stride_block_row)
     rng = (seed, offset_lo, offset_hi, bh, dropout_threshold)
     MASKS: tl.constexpr = (CAUSAL, WINDOW, DOCS, GATHER, SPARSE_BLOCK, EXTRA_MASKS, RAGGED)
     acc, l_i, m_i = _forward_key_range(

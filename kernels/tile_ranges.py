@@ -117,12 +117,12 @@ def document_ranges(documents, b, tile, positions, in_bounds, ranges, DOCS: tl.c
 
 @triton.jit
 def kept_blocks(blocks, h, tile, SPARSE: tl.constexpr):
-    """(kept, n_kept, block_row) for tile `tile` of head h under a block mask blocks = (KeptCount, stride_count_h,
-    KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h, stride_block_row): the ascending list
-    kept[0:n_kept] of the tiles of the other axis that touch a kept block of this tile (built on the host; head
-    strides are 0 where one mask serves every head), and the head's block mask (rows of stride_block_row). Without
-    SPARSE: (0, 0, 0), placeholders that nothing reads."""
-    KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h, _ = blocks
+    """(kept, n_kept, block_row, stride_block_row) for tile `tile` of head h under a block mask blocks = (KeptCount,
+    stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h, stride_block_row): the
+    ascending list kept[0:n_kept] of the tiles of the other axis that touch a kept block of this tile (built on the
+    host; head strides are 0 where one mask serves every head), and the head's block mask, in rows of
+    stride_block_row. Without SPARSE: (0, 0, 0, stride_block_row), placeholders that nothing reads."""
+    KeptCount, stride_count_h, KeptIndex, stride_index_h, stride_index_r, BlockMask, stride_block_h, stride_row = blocks
     if SPARSE:
         n_kept = tl.load(KeptCount + h * stride_count_h + tile)
         kept = KeptIndex + h * stride_index_h + tile * stride_index_r
@@ -131,7 +131,7 @@ def kept_blocks(blocks, h, tile, SPARSE: tl.constexpr):
         n_kept = 0
         kept = 0
         block_row = 0
-    return kept, n_kept, block_row
+    return kept, n_kept, block_row, stride_row
 
 
 @triton.jit
