@@ -360,13 +360,14 @@ def one_loop(kernel_pass: str, masks: FlashMask, dropout: bool, seq_len_k: int) 
     return masks.document_ids is not None and seq_len_k <= 8192
 
 
-def _mask_args(masks: FlashMask, cfg: LaunchConfig, kernel_pass: str) -> tuple:
-    """(window_size, documents, blocks) of a Triton pass: documents = (DocIds, stride, DocRanges, stride), blocks =
-    (KeptCount, stride_h, KeptIndex, stride_h, stride_r, BlockMask, stride_h, stride_row) (`tile_ranges`), None for
-    the tensors of masks not given. The schedules are the mask's, built beforehand for the pass's tiling."""
+def _mask_args(masks: FlashMask, cfg: LaunchConfig, kernel_pass: str, element_mask: bool = True) -> tuple:
+    """(window_size, documents, blocks) of a pass: documents = (DocIds, stride, DocRanges, stride), blocks =
+    (KeptCount, stride_h, KeptIndex, stride_h, stride_r[, BlockMask, stride_h, stride_row]) (`tile_ranges`), the
+    block mask itself only with element_mask (the Triton passes, whose tiles may straddle blocks); None for the
+    tensors of masks not given. The schedules are the mask's, built beforehand for the pass's tiling."""
     window = masks.window_size or 0
     documents: tuple = (None, 0, None, 0)
-    blocks: tuple = (None, 0, None, 0, 0, None, 0, 0)
+    blocks: tuple = (None, 0, None, 0, 0, None, 0, 0) if element_mask else (None, 0, None, 0, 0)
     if masks.document_ids is None and masks.block_mask is None:
         return window, documents, blocks
     schedule = masks.tile_schedule(kernel_pass, cfg)
@@ -375,12 +376,12 @@ def _mask_args(masks: FlashMask, cfg: LaunchConfig, kernel_pass: str) -> tuple:
         documents = (masks.document_ids, masks.document_ids.stride(0), ranges, ranges.stride(0))
     if masks.block_mask is not None:
         counts, indices = schedule.counts, schedule.indices
-        block_mask = masks.block_mask.view(torch.uint8)  # the same bytes: the kernels load them as integers
-        shared = block_mask.shape[0] == 1  # one mask for every head: head strides 0
-        blocks = (
-            counts, 0 if shared else counts.stride(0), indices, 0 if shared else indices.stride(0), indices.stride(1),
-            block_mask, 0 if shared else block_mask.stride(0), block_mask.stride(1),
-        )  # fmt: skip
+        shared = masks.block_mask.shape[0] == 1  # one mask for every head: head strides 0
+        blocks = (counts, 0 if shared else counts.stride(0), indices, 0 if shared else indices.stride(0),
+                  indices.stride(1))  # fmt: skip
+        if element_mask:
+            block_mask = masks.block_mask.view(torch.uint8)  # the same bytes: the kernels load them as integers
+            blocks += (block_mask, 0 if shared else block_mask.stride(0), block_mask.stride(1))
     return window, documents, blocks
 
 
@@ -559,12 +560,9 @@ def gluon_grid(tiles: int, batch_heads: int, heads_first: bool) -> tuple[int, in
 
 def _gluon_mask_args(masks: FlashMask, kernel_pass: str, cfg: LaunchConfig) -> tuple:
     """(window_size, documents, blocks) of a Gluon pass (`_gluon_masks`), as `_mask_args` gives a Triton pass's but
-    for the block mask itself, which the Gluon passes' tiles fit whole: documents = (DocIds, stride, DocRanges,
-    stride), blocks = (KeptCount, stride_h, KeptIndex, stride_h, stride_r); 0 without a window, None for the
-    tensors of masks not given. The document ranges and kept-tile lists are the mask's schedule for the pass's
-    tiling (head strides 0 for a mask shared by every head)."""
-    window, documents, blocks = _mask_args(masks, cfg, kernel_pass)
-    return window, documents, blocks[:5]
+    for the block mask itself, which the Gluon passes' tiles fit whole: blocks = (KeptCount, stride_h, KeptIndex,
+    stride_h, stride_r)."""
+    return _mask_args(masks, cfg, kernel_pass, element_mask=False)
 
 
 def _walk_order(kernel_pass: str, masks: FlashMask, cfg: LaunchConfig) -> torch.Tensor | None:
