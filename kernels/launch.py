@@ -22,7 +22,7 @@ from .flash_bwd import (
 )
 from .flash_fwd import flash_fwd_kernel
 from .tile_schedule import FlashMask, TileKey, tile_key
-from .tuning import MIN_TILE, LaunchConfig, backward_schedule, hopper_config, launch_config
+from .tuning import MIN_TILE, LaunchConfig, backward_schedule, hopper_config, launch_config, nearest_hopper_config
 
 # The Gluon passes are written against the experimental Gluon API of the Triton release CI installs; with any
 # other release the split backward keeps the Triton passes.
@@ -261,11 +261,17 @@ def gluon_config(
     one, and the split backward through the Gluon passes (which deterministic calls take; the others now take the
     Gluon fused pass) 0.99-1.33x the Triton fused one, fwd+bwd 1.02-1.40x.
     Under a window alone the Gluon forward with dropout ran 0.82-0.90x, and the Triton forward keeps those calls
-    (`results/tuning/h200-2026-11-27-masked-dropout/`)."""
+    (`results/tuning/h200-2026-11-27-masked-dropout/`). Without dropout, calls under documents or a window take
+    the configuration of the nearest length the table lists where it lists none for theirs (the Triton pass won or
+    tied dense calls there; at D = 64, the forward and the dQ pass at 1K): under documents fwd+bwd ran 1.19x at 1K;
+    under block masks the Gluon forward lost there (0.75-0.79x), and they keep the table's choice
+    (`results/tuning/h200-2026-11-28-nearest-bucket/`)."""
     cfg = hopper_config(kernel_pass, head_dim, dtype, causal, dropout, seq_len)
     tensor_masks = documents or block_size is not None
     if cfg is None and dropout and head_dim <= 64 and (tensor_masks or (window and kernel_pass != "fwd_hopper")):
         cfg = hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
+    if cfg is None and not dropout and (window or documents) and block_size is None:
+        cfg = nearest_hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
     if cfg is None or not (window or tensor_masks):
         return cfg
     return fit_gluon_to_masks(kernel_pass, cfg, head_dim, block_size, documents, dropout)

@@ -7,6 +7,7 @@ the CPU (fewer, larger numpy operations), since warps and stages mean nothing th
 """
 
 import json
+import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -148,6 +149,18 @@ def hopper_config(
     this shape, else None. Its `maxnreg` is the whole program's register cap. fp16 shares the bf16
     measurements, as in `launch_config`."""
     return _hopper_config_for_bucket(kernel_pass, head_dim, dtype, causal, dropout, seq_len_bucket(seq_len))
+
+
+def nearest_hopper_config(
+    kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, seq_len: int
+) -> LaunchConfig | None:
+    """The table's configuration of `kernel_pass` for the bucket nearest seq_len's that lists one (the longer of
+    two as near), else None: for masked calls, whose passes are fitted to their masks whatever the dense table
+    chose (`launch.gluon_config`)."""
+    bucket = seq_len_bucket(seq_len)
+    by_distance = sorted(SEQ_LEN_BUCKETS, key=lambda b: (abs(math.log2(b / bucket)), -b))
+    configs = (_hopper_config_for_bucket(kernel_pass, head_dim, dtype, causal, dropout, b) for b in by_distance)
+    return next((cfg for cfg in configs if cfg is not None), None)
 
 
 @cache  # asked on every backward call; keyed by the T bucket, so the cache stays small

@@ -20,6 +20,7 @@ from flashgpt.kernels.tuning import (
     backward_schedule,
     hopper_config,
     launch_config,
+    nearest_hopper_config,
     seq_len_bucket,
     table_key,
 )
@@ -279,7 +280,8 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
 def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_take_it(dropout):
     """`launch.gluon_tiles`, which `flash_mask` adds to the tilings it builds schedules for on a Hopper GPU (for
     document ids or a block mask): the tiling of each Gluon pass that the table lists for the shape, with dropout
-    also those it lists only without dropout (`launch.gluon_config`), as masks fit them (the forward's 192 rows drop
+    also those it lists only without dropout, without dropout also those it lists only at another T
+    (`launch.gluon_config`), as masks fit them (the forward's 192 rows drop
     to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys drop to 64 x 64; under documents or with
     dropout the dQ pass takes 64-key tiles; the fused pass's 64 keys take 32-query tiles), and none for a call the
     Gluon passes never take (not causal, fp32) or that has no schedule to build."""
@@ -294,6 +296,8 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
             cfg = hopper_config(name, 64, "bfloat16", True, dropout, seq_len) if name else None
             if name and cfg is None and dropout:
                 cfg = hopper_config(name, 64, "bfloat16", True, False, seq_len)
+            if name and cfg is None and not dropout:
+                cfg = nearest_hopper_config(name, 64, "bfloat16", True, False, seq_len)
             if cfg is not None:
                 rows = 64 if name == "fwd_hopper" else cfg.block_m
                 keys = 64 if name == "fwd_hopper" or name == "bwd_dq_hopper" else cfg.block_n
@@ -341,6 +345,28 @@ def test_masked_calls_with_dropout_take_the_gluon_passes_the_table_lists_without
     assert config("bwd_dq_hopper", dropout=False, window=True).block_n == 128  # 64 x 128 without dropout
     d128 = hopper_config("fwd_hopper", 128, "bfloat16", True, True, 16384)
     assert d128 is not None and config("fwd_hopper", head_dim=128, documents=True) == d128
+
+
+def test_masked_calls_without_dropout_take_a_gluon_pass_the_table_lists_only_at_another_length():
+    """Where the table lists a Gluon pass at D = 64 without dropout for other lengths only (the Triton pass won
+    dense calls there), calls under documents or a window take the nearest length's configuration, fitted to the
+    masks (documents at 1K: fwd+bwd 1.19x with the Gluon forward); block masks and calls with dropout keep the
+    table's choice (under block masks the Gluon forward ran 0.75-0.79x at 1K:
+    `results/tuning/h200-2026-11-28-nearest-bucket/`)."""
+    from flashgpt.kernels import launch
+
+    for name in ("fwd_hopper", "bwd_dq_hopper"):  # listed from 2K, not at 1K
+        assert hopper_config(name, 64, "bfloat16", True, False, 1024) is None
+        nearest = nearest_hopper_config(name, 64, "bfloat16", True, False, 1024)
+        assert nearest is not None and nearest == hopper_config(name, 64, "bfloat16", True, False, 2048)
+        for masks in ({"documents": True}, {"window": True}):
+            want = launch.fit_gluon_to_masks(name, nearest, 64, None, masks.get("documents", False), False)
+            assert launch.gluon_config(name, 64, "bfloat16", True, False, 1024, **masks) == want
+        assert launch.gluon_config(name, 64, "bfloat16", True, False, 1024) is None  # dense
+        assert launch.gluon_config(name, 64, "bfloat16", True, False, 1024, block_size=128) is None
+        assert launch.gluon_config(name, 64, "bfloat16", True, False, 1024, documents=True, block_size=128) is None
+    assert launch.gluon_config("fwd_hopper", 64, "bfloat16", True, True, 1024, documents=True) is None  # dropout
+    assert nearest_hopper_config("fwd_hopper", 64, "float32", True, False, 1024) is None
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
