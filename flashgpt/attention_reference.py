@@ -28,9 +28,15 @@ def reference_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse) of q (..., Tq, D) against k, v (..., Tk, D) in `dtype`, queries aligned to the last keys.
 
-    `visible` is a boolean mask broadcastable to (..., Tq, Tk) (`dense_mask`); without it, `causal` builds one.
+    `visible` is a boolean mask broadcastable to (..., Tq, Tk) (`dense_mask`); without it, `causal` builds one. With
+    it, the causal rule must be in it: `causal=True` beside `visible` is refused rather than silently ignored.
     `keep` is a dropout keep-mask of the same shape, and kept probabilities are multiplied by keep_scale (the
     kernel's 1 / (1 − p), `kernels.dropout.keep_scale`). Rows with no visible key give o = 0 and lse = −inf."""
+    if visible is not None and causal:
+        raise ValueError(
+            "reference_attention: pass the causal rule inside `visible` (dense_mask(..., causal=True)) or causal=True "
+            "without `visible`, not both"
+        )
     q, k, v = (t.to(dtype) for t in (q, k, v))
     if visible is None:
         visible = dense_mask(q.shape[-2], k.shape[-2], causal=causal, device=q.device)[0, 0]  # (Tq, Tk)

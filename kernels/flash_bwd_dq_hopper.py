@@ -173,23 +173,32 @@ def _dq_step(
 
 
 @gluon.jit
-def _row_stats(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM: gl.constexpr, HAS_DLSE: gl.constexpr):
-    """LSE·log2 e and δ = rowsum(dO ∘ O) − dlse of rows offs_m (rows past Tq: +inf and 0); δ is also stored."""
+def _row_loads(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM: gl.constexpr):
+    """The loads behind the rows' statistics (O, dO and LSE of rows offs_m; rows past Tq: 0 and +inf), issued
+    before Q and dO arrive so that their latency overlaps that wait (`_row_stats` uses them)."""
     o_ptrs, do_ptrs, stride_ot, stride_dot = heads
-    lse_row, dlse_row, delta_row = row_ptrs
+    lse_row = row_ptrs[0]
     rows_layout: gl.constexpr = _rows_layout(gl.num_warps(), HEAD_DIM)
     m = gl.convert_layout(offs_m, gl.SliceLayout(1, rows_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, rows_layout))
     m_ok = m < seq_len_q
     o = gl.load(o_ptrs + m[:, None] * stride_ot + cols[None, :], mask=m_ok[:, None], other=0.0)
     do = gl.load(do_ptrs + m[:, None] * stride_dot + cols[None, :], mask=m_ok[:, None], other=0.0)
+    lse = gl.load(lse_row + offs_m, mask=offs_m < seq_len_q, other=float("inf"))
+    return o, do, lse
+
+
+@gluon.jit
+def _row_stats(loads, row_ptrs, offs_m, seq_len_q, HAS_DLSE: gl.constexpr):
+    """LSE·log2 e and δ = rowsum(dO ∘ O) − dlse of rows offs_m from `_row_loads`; δ is also stored."""
+    o, do, lse = loads
+    dlse_row, delta_row = row_ptrs[1], row_ptrs[2]
     delta = gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1)
+    m = gl.convert_layout(offs_m, delta.type.layout)
     if HAS_DLSE:  # a gradient dlse into the returned LSE adds dlse·P to dS: δ lowered by dlse
-        delta -= gl.load(dlse_row + m, mask=m_ok, other=0.0)
-    gl.store(delta_row + m, delta, mask=m_ok)
-    row_ok = offs_m < seq_len_q
-    lse2 = gl.load(lse_row + offs_m, mask=row_ok, other=float("inf")) * LOG2E
-    return lse2, gl.convert_layout(delta, offs_m.type.layout)
+        delta -= gl.load(dlse_row + m, mask=m < seq_len_q, other=0.0)
+    gl.store(delta_row + m, delta, mask=m < seq_len_q)
+    return lse * LOG2E, gl.convert_layout(delta, offs_m.type.layout)
 
 
 @gluon.jit
@@ -224,12 +233,13 @@ def _consumer(
     BLOCK_N: gl.constexpr = ring[2].shape[1]
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_N)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    loads = _row_loads(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM)
     mbarrier.wait(qdo_ready, 0)
-    # The first tile is peeled (see the module docstring: C7515); its products run while the rows' LSE and δ load.
+    # The first tile is peeled (see the module docstring: C7515); its products run while δ is summed.
     # Every query tile sees at least one key tile.
     s, dp = _issue_products(0, qdo, ring)
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    lse2, delta = _row_stats(heads, row_ptrs, offs_m, seq_len_q, HEAD_DIM, HAS_DLSE)
+    lse2, delta = _row_stats(loads, row_ptrs, offs_m, seq_len_q, HAS_DLSE)
     row_ids = gl.load(docs + gl.minimum(offs_m + shift, seq_len_k - 1)) if DOCS else offs_m  # the rows' documents
     rows = (start_m, offs_m, lse2, delta, shift, seq_len_k, window_size, docs, row_ids, kept[0], kept[1], kept[2])
     zeros = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)

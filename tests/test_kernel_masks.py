@@ -99,6 +99,16 @@ def check_against_reference(q, k, v, *, causal: bool, masks: dict, tol: float, s
 # dense_mask: the definition everything else is checked against, on examples small enough to read
 
 
+def test_the_reference_refuses_a_causal_flag_beside_a_visibility_mask():
+    """`visible` is the reference's whole mask; a causal flag beside it would be ignored, so it is refused."""
+    q = k = v = torch.zeros(1, 1, 4, 8, dtype=torch.float64)
+    visible = dense_mask(4, 4, causal=False)
+    with pytest.raises(ValueError, match="causal rule inside `visible`"):
+        reference_attention(q, k, v, visible, causal=True)
+    o, _ = reference_attention(q, k, v, dense_mask(4, 4, causal=True))
+    assert o.shape == q.shape
+
+
 def test_dense_mask_hand_built_examples():
     rows = lambda m: m[0, 0].int().tolist()
     # Two queries are the last two of four keys: query i sits at position 2 + i.
