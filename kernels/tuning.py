@@ -157,7 +157,13 @@ def nearest_hopper_config(
     """The table's configuration of `kernel_pass` for the bucket nearest seq_len's that lists one (the longer of
     two as near), else None: for masked calls, whose passes are fitted to their masks whatever the dense table
     chose (`launch.gluon_config`)."""
-    bucket = seq_len_bucket(seq_len)
+    return _nearest_hopper_config_for_bucket(kernel_pass, head_dim, dtype, causal, dropout, seq_len_bucket(seq_len))
+
+
+@cache
+def _nearest_hopper_config_for_bucket(
+    kernel_pass: str, head_dim: int, dtype: str, causal: bool, dropout: bool, bucket: int
+) -> LaunchConfig | None:
     by_distance = sorted(SEQ_LEN_BUCKETS, key=lambda b: (abs(math.log2(b / bucket)), -b))
     configs = (_hopper_config_for_bucket(kernel_pass, head_dim, dtype, causal, dropout, b) for b in by_distance)
     return next((cfg for cfg in configs if cfg is not None), None)
