@@ -501,6 +501,30 @@ def test_rope_recipes_share_their_arm_runs_and_raise_the_base_where_the_context_
     assert plan.finals[("ext-16k", 0)].name == "seed0/1024x1500_16384" and plan.nodes["seed0/1024"].overrides == ()
 
 
+def test_a_shared_run_trains_only_as_far_as_the_selected_recipes_branch_off_it(tmp_path):
+    spec = study_plan.load_spec("context_code")
+    plan = study_plan.build_plan(spec)
+    root, branch = plan.nodes["seed0/rope/1024"], plan.finals[("rope-ext-16k-75-abf5m", 0)]
+    assert root.segments() == [750, 1125, 1350, 1500] and branch.branch_step == 1125
+
+    def finish(node: study_plan.Node, step: int) -> None:  # what a train.py job leaves behind
+        (tmp_path / node.name / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (tmp_path / node.name / "checkpoints" / "latest.pt").write_text(f"step {step}")
+        (tmp_path / node.name / "result.json").write_text(json.dumps({"status": "ok", "step": step}))
+
+    only_branch = study.select(spec, ["rope-ext-16k-75-abf5m"], [0])
+    assert study.next_job(plan, tmp_path, only_branch) == ("train", root, 750)
+    finish(root, 750)
+    assert study.next_job(plan, tmp_path, only_branch) == ("train", root, 1125)
+    finish(root, 1125)
+    # The 1K run stops at the branch step: its last 375 steps serve no selected recipe.
+    assert study.next_job(plan, tmp_path, only_branch) == ("train", branch, 1500)
+    assert (tmp_path / root.name / "checkpoints" / "branch-1125.pt").read_text() == "step 1125"
+    # Selected itself later, it continues from where it stopped.
+    with_root = study.select(spec, ["rope-fixed-1k", "rope-ext-16k-75-abf5m"], [0])
+    assert study.next_job(plan, tmp_path, with_root) == ("train", root, 1350)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

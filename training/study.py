@@ -162,11 +162,23 @@ def wanted(plan: Plan, selection: Selection) -> tuple[list[Node], list[Node]]:
     return finals, [node for node in plan.nodes.values() if node.name in needed]
 
 
+def stop_steps(finals: list[Node], needed: list[Node]) -> dict[str, int]:
+    """How far each needed run must train: a selected model to its last step, an ancestor only to the furthest
+    step a needed run branches off it (a later selection continues it from there)."""
+    stops = {node.name: node.max_steps or 0 for node in finals}
+    for node in needed:
+        if node.parent is not None:
+            name = node.parent.name
+            stops[name] = max(stops.get(name, 0), node.branch_step)
+    return stops
+
+
 def next_job(plan: Plan, runs_dir: Path, selection: Selection) -> tuple[str, Node, int] | None:
     """("eval", run, step) for a finished selected model not evaluated yet, else ("train", run, stop step) for the
     next job whose inputs exist, else None. Copies a run's checkpoint at a branch step when it stands there: every
     branch step of the whole study, selected or not, so that a recipe run later finds its branch point."""
     finals, needed = wanted(plan, selection)
+    stops = stop_steps(finals, needed)
     for node in finals:
         trained = node.max_steps and reached_step(runs_dir, node) >= node.max_steps
         eval_failed = read_json(runs_dir / node.name / STUDY_STATE).get("eval_failed")
@@ -179,6 +191,8 @@ def next_job(plan: Plan, runs_dir: Path, selection: Selection) -> tuple[str, Nod
             continue  # the parent has not reached the branch point yet
         step = reached_step(runs_dir, node)
         for target in node.segments():
+            if target > stops[node.name]:
+                break
             if step < target:
                 return "train", node, target
             if target < node.max_steps and not branch_path(runs_dir, node, target).is_file():
