@@ -15,6 +15,7 @@ status 1).
 
     python scripts/bench_train.py --out $OUT/bench_train.json                 # GPU: every T, dropout 0 and 0.1
     python scripts/bench_train.py --dropout 0 --seq-lens 1024,2048 --out ...  # a part of the grid
+    python scripts/bench_train.py --positions learned,rope --providers flash --out ...  # what rotary costs
     python scripts/bench_train.py --smoke --out /tmp/smoke.json               # CPU: gpt2-tiny, T = 64, 2 steps
 
 The JSON is rewritten after every row, so a killed job keeps what it measured; --budget-min starts no row that
@@ -45,6 +46,7 @@ from flashgpt.training.mfu import device_name, mfu, peak_flops_per_sec
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVIDERS = ("reference", "naive", "flash", "sdpa")  # reference: scripts/nanogpt_reference.py; the rest: train.py
+POSITIONS = ("learned", "rope")  # train.py's model.position_embedding; the reference has a learned table only
 RANDOM_TOKENS = 1 << 22  # the corpus the random windows are cut from
 Step = Callable[[Callable[[], tuple[Tensor, Tensor]]], Tensor]
 
@@ -54,6 +56,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--providers", type=csv_list(str), default=list(PROVIDERS), help="comma-separated")
     parser.add_argument("--seq-lens", type=csv_list(int), default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--dropout", type=csv_list(float), default=[0.0, 0.1])
+    parser.add_argument(
+        "--positions",
+        type=csv_list(str),
+        default=["learned"],
+        help="train.py's model.position_embedding, comma-separated",
+    )
     parser.add_argument("--tokens-per-step", type=int, default=32768, help="one micro-batch of this many tokens")
     parser.add_argument("--model", default="gpt2", help="a configs/model/ preset")
     parser.add_argument("--warmup", type=int, default=3)
@@ -68,12 +76,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args.warmup, args.steps, args.compile_backend = 1, 1, "aot_eager"  # traced whole, run without codegen
     if unknown := set(args.providers) - set(PROVIDERS):
         parser.error(f"unknown providers {sorted(unknown)}; choose from {list(PROVIDERS)}")
+    if unknown := set(args.positions) - set(POSITIONS):
+        parser.error(f"unknown --positions {sorted(unknown)}; choose from {list(POSITIONS)}")
     if bad := [t for t in args.seq_lens if args.tokens_per_step % t]:
         parser.error(f"--tokens-per-step {args.tokens_per_step} is not a multiple of seq_len {bad}")
     return args
 
 
-def compose_config(args: argparse.Namespace, attention: str, seq_len: int, dropout: float, device: torch.device):
+def compose_config(
+    args: argparse.Namespace, attention: str, positions: str, seq_len: int, dropout: float, device: torch.device
+):
     """The trainer's typed, validated config for one row (Hydra, imported only here)."""
     from hydra import compose, initialize_config_dir
 
@@ -83,6 +95,7 @@ def compose_config(args: argparse.Namespace, attention: str, seq_len: int, dropo
     overrides = [
         f"model={args.model}",
         f"attention={attention}",
+        f"model.position_embedding={positions}",
         f"seq_len={seq_len}",
         f"model.dropout={dropout}",
         f"train.batch_size={args.tokens_per_step // seq_len}",
@@ -157,10 +170,12 @@ def measure(step: Step, next_batch: Callable[[], tuple[Tensor, Tensor]], args: a
     return {"step_ms": 1e3 * elapsed / args.steps, "loss": loss.item()}
 
 
-def bench_row(args: argparse.Namespace, provider: str, seq_len: int, dropout: float, device: torch.device) -> dict:
+def bench_row(
+    args: argparse.Namespace, provider: str, positions: str, seq_len: int, dropout: float, device: torch.device
+) -> dict:
     cuda = device.type == "cuda"
     batch = args.tokens_per_step // seq_len
-    row = {"provider": provider, "seq_len": seq_len, "dropout": dropout, "batch": batch}
+    row = {"provider": provider, "positions": positions, "seq_len": seq_len, "dropout": dropout, "batch": batch}
     started = time.perf_counter()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -172,7 +187,8 @@ def bench_row(args: argparse.Namespace, provider: str, seq_len: int, dropout: fl
 
     try:
         torch.manual_seed(0)
-        cfg = compose_config(args, "sdpa" if provider == "reference" else provider, seq_len, dropout, device)
+        attention = "sdpa" if provider == "reference" else provider
+        cfg = compose_config(args, attention, positions, seq_len, dropout, device)
         if provider == "reference":
             m = cfg.model
             ref_cfg = ReferenceConfig(m.n_layer, m.n_head, m.d_model, m.vocab_size, seq_len, dropout)
@@ -221,22 +237,29 @@ def _cell(row: dict | None) -> str:
 
 
 def markdown_tables(rows: Sequence[dict]) -> str:
-    """One table per dropout: providers x T, then the speed ratios the issue's targets are stated in."""
+    """One table per dropout: providers x T, then the speed ratios the issue's targets are stated in (learned
+    positions) and what rotary positions cost each provider."""
     out = []
     for dropout in sorted({r["dropout"] for r in rows}):
-        at = {(r["provider"], r["seq_len"]): r for r in rows if r["dropout"] == dropout}
-        seq_lens = sorted({t for _, t in at})
-        providers = [p for p in PROVIDERS if any(p == q for q, _ in at)]
+        at = {(r["provider"], r.get("positions", "learned"), r["seq_len"]): r for r in rows if r["dropout"] == dropout}
+        seq_lens = sorted({t for _, _, t in at})
+        variants = [(p, e) for p in PROVIDERS for e in POSITIONS if any((p, e) == (q, f) for q, f, _ in at)]
         out += [f"**dropout {dropout}**", "", "| step | " + " | ".join(f"T={t}" for t in seq_lens) + " |"]
         out.append("|---" * (len(seq_lens) + 1) + "|")
-        for provider in providers:
+        for provider, positions in variants:
             name = "nanoGPT-style reference" if provider == "reference" else f"train.py attention={provider}"
-            out.append(f"| {name} | " + " | ".join(_cell(at.get((provider, t))) for t in seq_lens) + " |")
-        for num, den in (("flash", "sdpa"), ("flash", "reference")):
-            ratios = [_ratio(at.get((num, t)), at.get((den, t))) for t in seq_lens]
+            name += ", rope" if positions == "rope" else ""
+            out.append(f"| {name} | " + " | ".join(_cell(at.get((provider, positions, t))) for t in seq_lens) + " |")
+        pairs = [
+            ((num, "learned"), (den, "learned"), f"{num} / {den}")
+            for num, den in (("flash", "sdpa"), ("flash", "reference"))
+        ]
+        pairs += [((p, "rope"), (p, "learned"), f"{p}: rope / learned") for p in PROVIDERS]
+        for num, den, label in pairs:
+            ratios = [_ratio(at.get((*num, t)), at.get((*den, t))) for t in seq_lens]
             if any(r is not None for r in ratios):
                 cells = " | ".join("—" if r is None else f"{r:.2f}x" for r in ratios)
-                out.append(f"| {num} / {den} | {cells} |")
+                out.append(f"| {label} | {cells} |")
         out.append("")
     return "\n".join(out)
 
@@ -267,14 +290,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "complete": False,
         "rows": [],
     }
-    grid = [(p, t, d) for d in args.dropout for t in args.seq_lens for p in args.providers]
+    grid = [
+        (p, e, t, d)
+        for d in args.dropout
+        for t in args.seq_lens
+        for p in args.providers
+        for e in args.positions
+        if p != "reference" or e == "learned"
+    ]
     started, longest = time.perf_counter(), 0.0
-    for provider, seq_len, dropout in grid:
+    for provider, positions, seq_len, dropout in grid:
         elapsed = time.perf_counter() - started
         if args.budget_min is not None and elapsed + longest > 60 * args.budget_min:
-            row = {"provider": provider, "seq_len": seq_len, "dropout": dropout, "status": "not run"}
+            row = {"provider": provider, "positions": positions, "seq_len": seq_len, "dropout": dropout}
+            row["status"] = "not run"
         else:
-            row = bench_row(args, provider, seq_len, dropout, device)
+            row = bench_row(args, provider, positions, seq_len, dropout, device)
             release()
             longest = max(longest, row["seconds"])
         print(json.dumps(row), flush=True)

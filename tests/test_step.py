@@ -226,20 +226,23 @@ def test_a_nan_mid_run_stops_it_with_the_weights_and_checkpoint_of_the_last_good
 
 
 def test_bench_train_smoke_times_every_step_and_writes_json(tmp_path):
-    """scripts/bench_train.py --smoke on the CPU: the reference and train.py's step for every backend, each traced
-    whole by torch.compile (aot_eager) and run for two steps."""
+    """scripts/bench_train.py --smoke on the CPU: the reference and train.py's step for every backend, with learned
+    and rotary positions, each traced whole by torch.compile (aot_eager) and run for two steps."""
     out = tmp_path / "bench.json"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # the script sets it
-    command = [sys.executable, "scripts/bench_train.py", "--smoke", "--out", str(out)]
+    command = [sys.executable, "scripts/bench_train.py", "--smoke", "--positions", "learned,rope", "--out", str(out)]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["command"] == f"python scripts/bench_train.py --smoke --out {out}" and report["complete"]
-    rows = {row["provider"]: row for row in report["rows"]}
-    assert list(rows) == ["reference", "naive", "flash", "sdpa"]
+    assert report["command"] == f"python scripts/bench_train.py --smoke --positions learned,rope --out {out}"
+    assert report["complete"]
+    rows = {(row["provider"], row["positions"]): row for row in report["rows"]}
+    backends = [(p, e) for p in ("naive", "flash", "sdpa") for e in ("learned", "rope")]
+    assert list(rows) == [("reference", "learned"), *backends]  # the reference has no rotary variant
     for provider, row in rows.items():
         assert row["status"] == "ok" and row["tokens_per_sec"] > 0, row
         assert (row["seq_len"], row["batch"], row["dropout"]) == (64, 4, 0.1)
         assert 10.0 < row["loss"] < 11.5, row  # random tokens: about ln(50257) = 10.8 at initialisation
         assert row.get("fullgraph", True), f"{provider}: torch.compile broke the graph"
     assert "| train.py attention=flash |" in done.stdout and "| flash / sdpa |" in done.stdout
+    assert "| train.py attention=flash, rope |" in done.stdout and "| flash: rope / learned |" in done.stdout
