@@ -302,8 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for provider, positions, seq_len, dropout in grid:
         elapsed = time.perf_counter() - started
         if args.budget_min is not None and elapsed + longest > 60 * args.budget_min:
-            row = {"provider": provider, "positions": positions, "seq_len": seq_len, "dropout": dropout}
-            row["status"] = "not run"
+            row = dict(provider=provider, positions=positions, seq_len=seq_len, dropout=dropout, status="not run")
         else:
             row = bench_row(args, provider, positions, seq_len, dropout, device)
             release()

@@ -175,8 +175,9 @@ def stop_steps(finals: list[Node], needed: list[Node]) -> dict[str, int]:
 
 def next_job(plan: Plan, runs_dir: Path, selection: Selection) -> tuple[str, Node, int] | None:
     """("eval", run, step) for a finished selected model not evaluated yet, else ("train", run, stop step) for the
-    next job whose inputs exist, else None. Copies a run's checkpoint at a branch step when it stands there: every
-    branch step of the whole study, selected or not, so that a recipe run later finds its branch point."""
+    next job whose inputs exist, else None. A needed run trains only as far as `stop_steps` says. Copies a run's
+    checkpoint at a branch step when it stands there: every branch step of the whole study up to that stop,
+    selected or not, so that a recipe run later finds its branch point."""
     finals, needed = wanted(plan, selection)
     stops = stop_steps(finals, needed)
     for node in finals:
