@@ -12,6 +12,7 @@
 #   bash scripts/gpu_benchmarks.sh ncu       # Nsight Compute: our fwd/bwd kernels and cuDNN's, D = 64, T = 16K
 #   bash scripts/gpu_benchmarks.sh masks     # masked kernel vs compiled FlexAttention at T = 4K, 16K
 #   bash scripts/gpu_benchmarks.sh train     # train.py's step (naive/flash/sdpa) vs a compiled nanoGPT-style step
+#   bash scripts/gpu_benchmarks.sh rope      # what rotary positions cost train.py's compiled step (flash, sdpa)
 #   bash scripts/gpu_benchmarks.sh masks64k  # GPT-2 124M at 64K: dense, sliding window, documents, block-sparse
 #   bash scripts/gpu_benchmarks.sh context       # 2 GPUs: context parallelism at 64K (flash, sdpa) vs one GPU, and
 #                                                # 20 steps at 16K on one GPU and CP=2 (their losses compared)
@@ -33,7 +34,7 @@ context_run() {
 }
 ONE_GPU=(python train.py)
 CP2=(torchrun --standalone --nproc_per_node=2 train.py parallel.context=2)
-case "${1:?part: kernels | tune-backward | ab | ncu | masks | train | masks64k | context | context-long}" in
+case "${1:?part: kernels | tune-backward | ab | ncu | masks | train | rope | masks64k | context | context-long}" in
   kernels)
     python scripts/bench_attention.py --provider flash,flash_deterministic,sdpa_cudnn,sdpa_flash --head-dims 64 \
       --dropout 0,0.1 --out "$OUT/bench_attention_d64.json" 2>&1 | tee "$OUT/bench_attention_d64.log"
@@ -63,6 +64,10 @@ case "${1:?part: kernels | tune-backward | ab | ncu | masks | train | masks64k |
   train)
     python scripts/bench_train.py --providers reference,flash,sdpa --seq-lens 1024,4096,16384 --dropout 0,0.1 \
       --budget-min 8.3 --out "$OUT/bench_train.json" 2>&1 | tee "$OUT/bench_train.log"
+    ;;
+  rope)
+    python scripts/bench_train.py --providers flash,sdpa --positions learned,rope --seq-lens 1024,4096,16384 \
+      --dropout 0 --budget-min 8.3 --out "$OUT/bench_train_rope.json" 2>&1 | tee "$OUT/bench_train_rope.log"
     ;;
   masks64k)
     # window128: almost no attention work left, so its tokens/s bounds what any mask can reach (Amdahl).
