@@ -719,6 +719,7 @@ def test_the_smoke_study_runs_resumes_exports_and_reports_end_to_end(tmp_path):
     assert "| fixed-64 | 0 | 64 | 0.00 | 0.00 (cut off) |" in text  # the 100-token passkey is beyond 64 tokens
     assert "extend_from=" in text and "train.stop_at_step=6" in text  # the commands that made each run
     sections = (
+        "### Change against the baseline, by position",
         "## Reading in consecutive windows",
         "Mean loss of a key token",
         "## Passkey retrieval, code",

@@ -187,6 +187,31 @@ def position_table(models: list[Model]) -> str:
     return "\n".join(lines)
 
 
+def position_delta_table(spec: Spec, models: list[Model]) -> str | None:
+    """Per recipe with a baseline: the change of its loss in each position bin against the baseline's (sliding
+    windows, same seeds), the mean over seeds and their range. Whatever makes later positions of a document easier
+    for every model cancels, and what is left is what the recipe's longer history buys at each position."""
+    rows = []
+    for name, group in by_recipe(spec, models).items():
+        pairs = [(m, base) for m in group if (base := baseline_of(spec, models, m)) is not None]
+        if pairs:
+            bins = list(pairs[0][0].full["bins"])
+            deltas = {b: [m.full["bins"][b] - base.full["bins"][b] for m, base in pairs] for b in bins}
+            rows.append((name, baseline_name(spec, group[0].recipe), len(pairs), bins, deltas))
+    if not rows:
+        return None
+    bins = rows[0][3]
+    lines = ["| recipe | baseline | seeds | " + " | ".join(bins) + " |", "|---|---|---:" + "|---:" * len(bins) + "|"]
+    for name, base, n, _, deltas in rows:
+        cells = []
+        for b in bins:
+            values = deltas[b]
+            spread = f" ({min(values):+.3f} to {max(values):+.3f})" if len(values) > 1 else ""
+            cells.append(f"{statistics.fmean(values):+.4f}{spread}")
+        lines.append(f"| {name} | {base} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def context_table(spec: Spec, models: list[Model]) -> str:
     contexts = sorted({int(c) for m in models for c in m.evaluation["contexts"]})
     lines = ["| recipe | seed | " + " | ".join(f"context {_k(c)}" for c in contexts) + " |",
@@ -521,6 +546,15 @@ def build_report(results: Path) -> Path:
             position_table(models),
             "![loss by position](loss_by_position.png)",
         ]
+        if deltas := position_delta_table(spec, models):
+            sections += [
+                "### Change against the baseline, by position",
+                "Each recipe's loss in each bin minus its baseline's (the recipe its Δ is taken against in the "
+                "summary), seed by seed, then the mean over seeds (their range in brackets). Later parts of a "
+                "document are easier for every model, so each model's own loss falls with position; in the "
+                "difference that cancels, and what is left is what the recipe's longer history buys there.",
+                deltas,
+            ]
         if consecutive := consecutive_table(spec, models):
             sections += [
                 "## Reading in consecutive windows",
