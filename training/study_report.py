@@ -191,18 +191,17 @@ def position_delta_table(spec: Spec, models: list[Model]) -> str | None:
     """Per recipe with a baseline: the change of its loss in each position bin against the baseline's (sliding
     windows, same seeds), the mean over seeds and their range. Whatever makes later positions of a document easier
     for every model cancels, and what is left is what the recipe's longer history buys at each position."""
+    bins = list(models[0].full["bins"]) if models else []
     rows = []
     for name, group in by_recipe(spec, models).items():
         pairs = [(m, base) for m in group if (base := baseline_of(spec, models, m)) is not None]
         if pairs:
-            bins = list(pairs[0][0].full["bins"])
             deltas = {b: [m.full["bins"][b] - base.full["bins"][b] for m, base in pairs] for b in bins}
-            rows.append((name, baseline_name(spec, group[0].recipe), len(pairs), bins, deltas))
+            rows.append((name, baseline_name(spec, group[0].recipe), len(pairs), deltas))
     if not rows:
         return None
-    bins = rows[0][3]
     lines = ["| recipe | baseline | seeds | " + " | ".join(bins) + " |", "|---|---|---:" + "|---:" * len(bins) + "|"]
-    for name, base, n, _, deltas in rows:
+    for name, base, n, deltas in rows:
         cells = []
         for b in bins:
             values = deltas[b]
