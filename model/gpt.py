@@ -60,23 +60,26 @@ def position_embedding(cfg: ModelConfig) -> PositionEmbedding:
 
 
 def rotary_tables(n_positions: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """cos and sin of every position's rotation angles, 2 x (n_positions, head_dim / 2) float32: position p turns
-    pair i by p · base^(-2i / head_dim). Computed in float64, so that even at 64K positions every value is exact to
+    """The cos and signed sin tables of `apply_rotary`, 2 x (n_positions, head_dim) float32: position p turns the
+    pair of dims (i, i + D/2) by p · base^(-2i / D). cos repeats the D/2 angles' cosines; sin holds −sin in its
+    first half and +sin in its second. Computed in float64, so that even at 64K positions every value is exact to
     float32 rounding (a float32 product p · θ would be off by up to p · 2^-24 radians)."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
     angles = torch.outer(torch.arange(n_positions, dtype=torch.float64), inv_freq)  # (T, D/2)
-    return angles.cos().float(), angles.sin().float()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1).float(), torch.cat([-sin, sin], dim=-1).float()  # 2 x (T, D)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, H, T, D) with each of its T positions rotated: the pair (x[..., i], x[..., i + D/2]) turns by the angle
-    whose cos and sin (T, D/2) are given. This half-split pairing (GPT-NeoX, Llama) rotates contiguous halves;
-    RoFormer's adjacent pairs are the same up to a fixed permutation of the head dims, which q and k's projection
-    absorbs. Computed in float32 at least (bf16 activations are rounded once, at the end); elementwise, so
-    torch.compile fuses it into one kernel."""
-    dtype = torch.promote_types(x.dtype, cos.dtype)
-    x1, x2 = x.to(dtype).chunk(2, dim=-1)  # 2 x (B, H, T, D/2)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)  # (B, H, T, D)
+    """x (..., D) with each pair (x_i, x_{i+D/2}) turned by its angle: x_i cos − x_{i+D/2} sin and
+    x_{i+D/2} cos + x_i sin, with cos and sin from `rotary_tables` (broadcastable to x). This half-split pairing
+    (GPT-NeoX, Llama) rotates contiguous halves; RoFormer's adjacent pairs are the same up to a fixed permutation of
+    the head dims, which q and k's projection absorbs. Written as x · cos + roll(x, D/2) · sin, with no split and
+    concatenation: the forward and its gradient are then each one elementwise expression, which torch.compile fuses
+    with its neighbours (the gradient into the copy that assembles the qkv projection's gradient). Computed in
+    float32 at least; bf16 activations are rounded once, at the end."""
+    wide = x.to(torch.promote_types(x.dtype, cos.dtype))
+    return (wide * cos + wide.roll(x.size(-1) // 2, dims=-1) * sin).to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -103,15 +106,21 @@ class CausalSelfAttention(nn.Module):
         rotary: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """x (B, T, C); with a cache, x continues the cached tokens and attends to them too (keys Tk = past + T).
-        rotary: cos, sin (T, D/2) of x's positions (rope), or None (learned positions, already in x)."""
+        rotary: cos, sin (T, D) of x's positions (rope; `rotary_tables`), or None (learned positions, already in
+        x)."""
         B, T, C = x.shape
         D = C // self.n_head
         qkv = self.qkv(x).view(B, T, 3, self.n_head, D)  # (B, T, 3, H, D)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D): strided views, no copy
-        if rotary is not None:
+        if rotary is None:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, D): strided views, no copy
+        else:
             # q · k then depends on the positions only through their difference. The cache keeps rotated keys:
-            # each was turned once, at its own absolute position.
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)  # 2 x (B, H, T, D)
+            # each was turned once, at its own absolute position. q and k are turned token-major, as the
+            # projection lays them out, so the attention output (laid out like q) and the gradients of q and k
+            # stay token-major too, and neither the output's reshape nor the qkv gradient needs a transposing copy.
+            cos, sin = (t[:, None, :] for t in rotary)  # 2 x (T, 1, D): every head alike
+            q, k = (apply_rotary(qkv[:, :, i], cos, sin).transpose(1, 2) for i in range(2))  # 2 x (B, H, T, D)
+            v = qkv[:, :, 2].transpose(1, 2)  # (B, H, T, D)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, H, Tk, D)
         y = self.inner(
@@ -190,7 +199,7 @@ class GPT(nn.Module):
                 )
             # Not saved with the weights (persistent=False): rebuilt from model.rope_base, which may change when
             # a run extends its context. They move with the model's device; apply_rotary adapts their dtype.
-            cos, sin = rotary_tables(block_size, head_dim, cfg.rope_base)  # 2 x (block_size, D/2)
+            cos, sin = rotary_tables(block_size, head_dim, cfg.rope_base)  # 2 x (block_size, D)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
@@ -250,7 +259,7 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(positions)  # + (T, C)
         else:  # rotated by the tokens' absolute positions
-            rotary = (self.rope_cos[positions], self.rope_sin[positions])  # 2 x (T, D/2)
+            rotary = (self.rope_cos[positions], self.rope_sin[positions])  # 2 x (T, D)
         x = self.drop(x)
         for layer, block in enumerate(self.blocks):
             if self.cfg.activation_checkpointing and self.training:

@@ -62,10 +62,13 @@ def test_rotary_turns_each_pair_as_a_float64_complex_rotation(base):
 
 def test_rotary_tables_stay_exact_to_float32_at_64k_positions():
     cos, sin = rotary_tables(65536, 64, 10000.0)
+    assert cos.shape == sin.shape == (65536, 64) and cos.dtype == sin.dtype == torch.float32
     for p in (0, 1, 4097, 65535):
         angles = torch.tensor([p * 10000.0 ** (-2 * i / 64) for i in range(32)], dtype=torch.float64)
-        assert (cos[p].double() - angles.cos()).abs().max() <= FP32_TABLE_ERROR / 2 + 1e-11
-        assert (sin[p].double() - angles.sin()).abs().max() <= FP32_TABLE_ERROR / 2 + 1e-11
+        # cos repeats the 32 cosines; sin is −sin then +sin (the signs of the rotation's two rows)
+        for got, want in ((cos[p, :32], angles.cos()), (cos[p, 32:], angles.cos()), (sin[p, 32:], angles.sin())):
+            assert (got.double() - want).abs().max() <= FP32_TABLE_ERROR / 2 + 1e-11
+        assert torch.equal(sin[p, :32], -sin[p, 32:])
 
 
 def test_scores_depend_only_on_the_distance_between_positions():

@@ -1,0 +1,201 @@
+"""What rotary positions cost train.py's compiled step, and where: ways of turning q and k, A/B in one process.
+
+Each variant but `learned` and `rope` (the model's own forward) replaces CausalSelfAttention.forward; everything
+else is bench_train.py's row (GPT-2 124M, 32K tokens a step, attention=flash, torch.compile, 3 warm-up + 10 timed
+steps), timed in interleaved rounds, then one torch.profiler pass of 2 steps per variant (every CUDA kernel by
+total time).
+
+    learned    the model at HEAD with model.position_embedding=learned: the reference
+    rope       the model at HEAD with model.position_embedding=rope
+    separate   q and k each rotated from their strided views of the qkv projection (model/gpt.py at e0e35b9)
+    joint      q and k rotated in one call on qkv[:, :, :2] (B, T, 2, H, D), so one kernel reads them token-major
+    joint_qkv  as joint, and v copied beside them into one new (B, T, 3, H, D) buffer, so the projection's output
+               is not kept alive by v
+    flip       as separate, with the halves paired by a flip of a (..., 2, D/2) view instead of chunk and cat
+
+    PYTHONPATH=$PWD:$PWD/scripts python results/tuning/h200-2026-11-28-rope-cost/rope_variants.py --out $OUT/rope.json
+"""
+
+import argparse
+import json
+import math
+import sys
+
+import numpy as np
+import torch
+from bench_train import RANDOM_TOKENS, compose_config, measure, release, trainpy_step
+from torch.profiler import ProfilerActivity, profile
+
+from flashgpt.data.batches import get_batch
+from flashgpt.model import gpt
+from flashgpt.training import step as step_module
+
+
+def forward_with(turn):
+    def forward(self, x, mask, cache=None, layer=0, rotary=None):
+        B, T, C = x.shape
+        D = C // self.n_head
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, D)  # (B, T, 3, H, D)
+        q, k, v = turn(qkv, rotary)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        y = self.inner(q, k, v, mask=mask, dropout_p=self.dropout if self.training else 0.0, scale=1.0 / math.sqrt(D))
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+    return forward
+
+
+def rotate(x, cos, sin):
+    """x (..., D) with pairs (i, i + D/2) turned; cos, sin broadcast to (..., D/2); float32 inside."""
+    dtype = torch.promote_types(x.dtype, cos.dtype)
+    x1, x2 = x.to(dtype).chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def halves(rotary):
+    """The model's (T, D) tables (cos repeated, sin signed) as the (T, D/2) cos and sin the variants below take."""
+    cos, sin = rotary
+    half = cos.size(-1) // 2
+    return cos[:, :half], sin[:, half:]
+
+
+def separate(qkv, rotary):
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    if rotary is not None:
+        rotary = halves(rotary)
+        q, k = rotate(q, *rotary), rotate(k, *rotary)
+    return q, k, v
+
+
+def joint(qkv, rotary):
+    if rotary is None:
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    cos, sin = (t[:, None, None, :] for t in halves(rotary))  # (T, 1, 1, D/2)
+    q, k = rotate(qkv[:, :, :2], cos, sin).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, qkv[:, :, 2].transpose(1, 2)
+
+
+def joint_qkv(qkv, rotary):
+    if rotary is None:
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    cos, sin = (t[:, None, None, :] for t in halves(rotary))
+    turned = torch.cat([rotate(qkv[:, :, :2], cos, sin), qkv[:, :, 2:]], dim=2)  # (B, T, 3, H, D)
+    return turned.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def rotate_halves(x, cos, sin):
+    """rotate() without chunk and cat: x seen as (..., 2, D/2) halves, the partner of each half read by a flip, so
+    the forward and its gradient are single pointwise expressions that inductor can fuse with their neighbours."""
+    dtype = torch.promote_types(x.dtype, cos.dtype)
+    halves = x.to(dtype).unflatten(-1, (2, -1))  # (..., 2, D/2)
+    sign = torch.tensor([-1.0, 1.0], dtype=dtype, device=x.device)[:, None]  # (2, 1): x1 cos - x2 sin, x2 cos + x1 sin
+    turned = halves * cos.unsqueeze(-2) + halves.flip(-2) * sin.unsqueeze(-2) * sign
+    return turned.flatten(-2).to(x.dtype)
+
+
+def flip(qkv, rotary):
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    if rotary is not None:
+        rotary = halves(rotary)
+        q, k = rotate_halves(q, *rotary), rotate_halves(k, *rotary)
+    return q, k, v
+
+
+VARIANTS = {"learned": None, "rope": None, "separate": separate, "joint": joint, "joint_qkv": joint_qkv, "flip": flip}
+
+
+def build(args, name, seq_len, device):
+    """bench_train.py's step for one variant; its attention modules get a subclass with the variant's forward, so
+    several variants live (and stay compiled) side by side."""
+    forward = {} if VARIANTS[name] is None else {"forward": forward_with(VARIANTS[name])}  # None: the model's own
+    variant = type(f"Attention_{name}", (gpt.CausalSelfAttention,), forward)
+    build_model = step_module.build_model_and_optimizer
+
+    def build_with_variant(cfg, device):
+        model, optimizer, scheduler = build_model(cfg, device)
+        for block in model.blocks:
+            block.attn.__class__ = variant
+        return model, optimizer, scheduler
+
+    step_module.build_model_and_optimizer = build_with_variant
+    try:
+        torch.manual_seed(0)
+        cfg = compose_config(args, "flash", "learned" if name == "learned" else "rope", seq_len, 0.0, device)
+        step, _, _ = trainpy_step(cfg, args, device)
+    finally:
+        step_module.build_model_and_optimizer = build_model
+    tokens = np.random.default_rng(0).integers(0, 50257, RANDOM_TOKENS, dtype=np.uint16)
+    starts = np.random.default_rng(1)
+    batch = args.tokens_per_step // seq_len
+
+    def next_batch():
+        return get_batch(tokens, starts.integers(0, len(tokens) - seq_len - 1, batch), seq_len, device)
+
+    return step, next_batch
+
+
+def kernels(step, next_batch):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step(next_batch)
+        torch.cuda.synchronize()
+    rows = [
+        {"name": e.key[:90], "ms_per_step": e.self_device_time_total / 2e3, "calls_per_step": e.count / 2}
+        for e in prof.key_averages()
+        if e.self_device_time_total > 0
+    ]
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return {"total_ms": sum(r["ms_per_step"] for r in rows), "kernels": rows}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--seq-lens", default="1024,4096")
+    p.add_argument("--variants", default="learned,rope,separate")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    args = argparse.Namespace(model="gpt2", tokens_per_step=32768, compile_backend="inductor", warmup=3, steps=10)
+    device = torch.device("cuda")
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    for seq_len in map(int, a.seq_lens.split(",")):
+        built, peaks, times = {}, {}, {}
+        for name in a.variants.split(","):
+            torch.cuda.reset_peak_memory_stats()
+            built[name] = build(args, name, seq_len, device)
+            measure(*built[name], args, True)  # compiles
+            peaks[name], times[name] = torch.cuda.max_memory_allocated() / 2**30, []
+        for _ in range(a.rounds):  # interleaved: the GPU's drift between rounds hits every variant alike
+            for name, (step, next_batch) in built.items():
+                times[name].append(measure(step, next_batch, args, True)["step_ms"])
+        for name, (step, next_batch) in built.items():
+            row = {"seq_len": seq_len, "variant": name, "step_ms": times[name], "best_ms": min(times[name])}
+            row.update(peak_gib=peaks[name], profile=kernels(step, next_batch))
+            report["rows"].append(row)
+        del built
+        release()
+    with open(a.out, "w") as f:
+        json.dump(report, f, indent=1)
+    rows = report["rows"]
+    learned = {r["seq_len"]: r for r in rows if r["variant"] == "learned"}
+    for row in rows:
+        base = learned.get(row["seq_len"])
+        ratio = f"learned / this {base['best_ms'] / row['best_ms']:.3f}" if base else ""
+        print(
+            f"T={row['seq_len']:5d} {row['variant']:9s} best {row['best_ms']:6.2f} ms of "
+            f"{' '.join(f'{t:.2f}' for t in row['step_ms'])} {ratio}, {row['peak_gib']:.1f} GiB, "
+            f"kernels {row['profile']['total_ms']:.2f} ms"
+        )
+    for row in rows:  # the kernels a variant adds: those the learned model does not run
+        base = learned.get(row["seq_len"])
+        if base and row is not base:
+            known = {k["name"] for k in base["profile"]["kernels"]}
+            extra = [k for k in row["profile"]["kernels"] if k["name"] not in known]
+            print(f"\n## T={row['seq_len']} {row['variant']}: kernels the learned model does not run")
+            for k in extra:
+                print(f"{k['ms_per_step']:7.3f} ms  x{k['calls_per_step']:4.0f}  {k['name']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
