@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# The persistent forward and dQ passes (persistent.diff) checked, then timed against HEAD's kernels in one process.
-# Two device calls, each under 10 minutes, each writing under $OUT, with HEAD's kernels as the baseline in .ab/
-# (prepared here, carried with the call: mkdir -p .ab/baseline && git archive HEAD kernels | tar -x -C .ab/baseline):
-#   bash results/tuning/sass-2026-11-28-persistent-dq/run_gpu.sh check
-#   bash results/tuning/sass-2026-11-28-persistent-dq/run_gpu.sh ab
+# A persistent patch of kernels/ checked, then timed against HEAD's kernels in one process. Each part is one device
+# call under 10 minutes, writing under $OUT, with HEAD's kernels as the baseline in .ab/ (prepared here, carried
+# with the call: mkdir -p .ab/baseline && git archive HEAD kernels | tar -x -C .ab/baseline):
+#   bash results/tuning/sass-2026-11-28-persistent-dq/run_gpu.sh check [PATCH]   # PATCH: persistent.diff (default)
+#   bash results/tuning/sass-2026-11-28-persistent-dq/run_gpu.sh ab [PATCH]      #   or persistent_headmajor.diff
 set -uo pipefail
 export PYTHONPATH=$PWD:$PWD/scripts
 OUT=${OUT:-/tmp/persistent}
 HERE=results/tuning/sass-2026-11-28-persistent-dq
+PATCH=$HERE/${2:-persistent.diff}
+NAME=$(basename "$PATCH" .diff)
 mkdir -p "$OUT"
 [ -d .ab/baseline/kernels ] || { echo "carry .ab/baseline/kernels (HEAD's kernels) with the call"; exit 1; }
-git apply "$HERE/persistent.diff" || exit 1
-trap 'git apply -R "$HERE/persistent.diff"' EXIT
+git apply "$PATCH" || exit 1
+trap 'git apply -R "$PATCH"' EXIT
 case "${1:?check | ab}" in
   check)
     python results/tuning/h200-2026-11-28-dq-row-loads/check_dlse.py > "$OUT/check_dlse.log" 2>&1
@@ -23,8 +25,10 @@ case "${1:?check | ab}" in
     echo "check masks: $?"
     ;;
   ab)
-    python scripts/ab_kernels.py --baseline .ab/baseline/kernels --passes fwd,bwd --head-dims 64,128 \
-      --seq-lens 4096,16384 --masks none,window_1k,documents,strided --rounds 3 --out "$OUT/ab_persistent.json" \
-      2>&1 | tail -60
+    for d in 64 128; do
+      python scripts/ab_kernels.py --baseline .ab/baseline/kernels --passes fwd,bwd --head-dims $d \
+        --seq-lens 4096,16384 --masks none,documents,window_1k,strided --rounds 2 --out "$OUT/ab_${NAME}_d$d.json" \
+        2>&1 | grep -v -i warn | tail -20
+    done
     ;;
 esac
