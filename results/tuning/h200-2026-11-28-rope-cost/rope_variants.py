@@ -12,6 +12,7 @@ total time).
     joint_qkv  as joint, and v copied beside them into one new (B, T, 3, H, D) buffer, so the projection's output
                is not kept alive by v
     flip       as separate, with the halves paired by a flip of a (..., 2, D/2) view instead of chunk and cat
+    packed     as rope (HEAD's rotation), with v copied beside q and k into one new (B, T, 3, H, D) buffer
 
     PYTHONPATH=$PWD:$PWD/scripts python results/tuning/h200-2026-11-28-rope-cost/rope_variants.py --out $OUT/rope.json
 """
@@ -102,7 +103,25 @@ def flip(qkv, rotary):
     return q, k, v
 
 
-VARIANTS = {"learned": None, "rope": None, "separate": separate, "joint": joint, "joint_qkv": joint_qkv, "flip": flip}
+def packed(qkv, rotary):
+    """The model's rotation (token-major, roll), with v copied beside q and k into one new (B, T, 3, H, D) buffer,
+    so the projection's output is freed after the forward: learned positions' memory, for one more copy of v."""
+    if rotary is None:
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    cos, sin = (t[:, None, :] for t in rotary)  # 2 x (T, 1, D)
+    q, k = (gpt.apply_rotary(qkv[:, :, i], cos, sin) for i in range(2))  # 2 x (B, T, H, D)
+    return torch.stack([q, k, qkv[:, :, 2]], dim=2).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+VARIANTS = {
+    "learned": None,
+    "rope": None,
+    "separate": separate,
+    "joint": joint,
+    "joint_qkv": joint_qkv,
+    "flip": flip,
+    "packed": packed,
+}
 
 
 def build(args, name, seq_len, device):
