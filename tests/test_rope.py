@@ -2,6 +2,7 @@
 the relative-position property, every backend and the KV cache, training, extension with a raised base (ABF), and
 the refusals (Hugging Face export, config mistakes)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -108,6 +109,26 @@ def test_a_rope_model_has_no_position_table_and_every_backend_computes_it_alike(
     torch.testing.assert_close(sdpa(idx[:, :-1]), naive(idx[:, :-1]), rtol=1e-4, atol=1e-5)
     for name, grad in grads[1].items():
         torch.testing.assert_close(grad, grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_rope_hands_the_attention_q_k_v_token_major_as_learned_positions_do():
+    """q and k are turned where the qkv projection lays them out, token-major ((B, T, H, D) in memory), as learned
+    positions pass them: the attention output, allocated like q, then reshapes to (B, T, C) without a copy, and the
+    gradients of q and k join the projection's gradient without a transposing copy (what the profile in
+    results/tuning/h200-2026-11-28-rope-cost/ found these cost when q and k were turned head-major)."""
+    layouts = {}
+    for positions in PositionEmbedding:
+        model = GPT(dataclasses.replace(ROPE, position_embedding=positions), 64, "naive")
+        seen: list[tuple] = []
+        model.blocks[0].attn.inner.register_forward_pre_hook(lambda module, args, seen=seen: seen.append(args))
+        model(torch.zeros(2, 64, dtype=torch.long))
+        q, k, v = seen[0]  # 3 x (B, H, T, D)
+        assert all(t.stride(3) == 1 and t.stride(2) > t.stride(1) for t in (q, k, v)), positions  # T outer to H
+        assert torch.empty_like(q).transpose(1, 2).is_contiguous()  # the output: (B, T, C) as a view
+        layouts[positions] = [t.stride() for t in (q, k, v)]
+    # rope's q and k are new (B, T, H, D) tensors; v is the projection's slice, as with learned positions
+    assert layouts[PositionEmbedding.rope][0] == layouts[PositionEmbedding.rope][1] == (64 * 128, 64, 128, 1)
+    assert layouts[PositionEmbedding.rope][2] == layouts[PositionEmbedding.learned][2]
 
 
 def generating_rope_gpt(backend: str) -> GPT:
