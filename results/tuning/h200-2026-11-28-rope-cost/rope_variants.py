@@ -61,12 +61,17 @@ def halves(rotary):
     return cos[:, :half], sin[:, half:]
 
 
-def separate(qkv, rotary):
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-    if rotary is not None:
-        rotary = halves(rotary)
-        q, k = rotate(q, *rotary), rotate(k, *rotary)
-    return q, k, v
+def head_major(turn):
+    """q and k each turned by `turn` on their strided (B, H, T, D) views of the projection: e0e35b9's layout."""
+
+    def variant(qkv, rotary):
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        if rotary is not None:
+            rotary = halves(rotary)
+            q, k = turn(q, *rotary), turn(k, *rotary)
+        return q, k, v
+
+    return variant
 
 
 def joint(qkv, rotary):
@@ -89,18 +94,10 @@ def rotate_halves(x, cos, sin):
     """rotate() without chunk and cat: x seen as (..., 2, D/2) halves, the partner of each half read by a flip, so
     the forward and its gradient are single pointwise expressions that inductor can fuse with their neighbours."""
     dtype = torch.promote_types(x.dtype, cos.dtype)
-    halves = x.to(dtype).unflatten(-1, (2, -1))  # (..., 2, D/2)
+    pairs = x.to(dtype).unflatten(-1, (2, -1))  # (..., 2, D/2)
     sign = torch.tensor([-1.0, 1.0], dtype=dtype, device=x.device)[:, None]  # (2, 1): x1 cos - x2 sin, x2 cos + x1 sin
-    turned = halves * cos.unsqueeze(-2) + halves.flip(-2) * sin.unsqueeze(-2) * sign
+    turned = pairs * cos.unsqueeze(-2) + pairs.flip(-2) * sin.unsqueeze(-2) * sign
     return turned.flatten(-2).to(x.dtype)
-
-
-def flip(qkv, rotary):
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-    if rotary is not None:
-        rotary = halves(rotary)
-        q, k = rotate_halves(q, *rotary), rotate_halves(k, *rotary)
-    return q, k, v
 
 
 def packed(qkv, rotary):
@@ -116,10 +113,10 @@ def packed(qkv, rotary):
 VARIANTS = {
     "learned": None,
     "rope": None,
-    "separate": separate,
+    "separate": head_major(rotate),
     "joint": joint,
     "joint_qkv": joint_qkv,
-    "flip": flip,
+    "flip": head_major(rotate_halves),
     "packed": packed,
 }
 
