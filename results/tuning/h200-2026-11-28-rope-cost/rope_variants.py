@@ -6,6 +6,7 @@ steps), timed in interleaved rounds, then one torch.profiler pass of 2 steps per
 total time).
 
     learned    the model at HEAD with model.position_embedding=learned: the reference
+    learned_again  a second, identical learned model: the A/A control of the rounds' resolution
     rope       the model at HEAD with model.position_embedding=rope
     separate   q and k each rotated from their strided views of the qkv projection (model/gpt.py at e0e35b9)
     joint      q and k rotated in one call on qkv[:, :, :2] (B, T, 2, H, D), so one kernel reads them token-major
@@ -13,6 +14,7 @@ total time).
                is not kept alive by v
     flip       as separate, with the halves paired by a flip of a (..., 2, D/2) view instead of chunk and cat
     packed     as rope (HEAD's rotation), with v copied beside q and k into one new (B, T, 3, H, D) buffer
+    unbind     as rope, on qkv.unbind(2)'s views rather than on qkv[:, :, i]
 
     PYTHONPATH=$PWD:$PWD/scripts python results/tuning/h200-2026-11-28-rope-cost/rope_variants.py --out $OUT/rope.json
 """
@@ -110,14 +112,27 @@ def packed(qkv, rotary):
     return torch.stack([q, k, qkv[:, :, 2]], dim=2).permute(2, 0, 3, 1, 4).unbind(0)
 
 
+def unbind(qkv, rotary):
+    """The model's rotation on qkv.unbind(2)'s views instead of qkv[:, :, i]: the gradient assembles dqkv as a stack
+    of three inputs (a concatenation) rather than a sum of three select_backward terms."""
+    if rotary is None:
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    cos, sin = (t[:, None, :] for t in rotary)  # 2 x (T, 1, D)
+    q, k, v = qkv.unbind(2)  # 3 x (B, T, H, D)
+    q, k = gpt.apply_rotary(q, cos, sin), gpt.apply_rotary(k, cos, sin)
+    return (t.transpose(1, 2) for t in (q, k, v))
+
+
 VARIANTS = {
     "learned": None,
+    "learned_again": None,
     "rope": None,
     "separate": head_major(rotate),
     "joint": joint,
     "joint_qkv": joint_qkv,
     "flip": head_major(rotate_halves),
     "packed": packed,
+    "unbind": unbind,
 }
 
 
@@ -137,7 +152,7 @@ def build(args, name, seq_len, device):
     step_module.build_model_and_optimizer = build_with_variant
     try:
         torch.manual_seed(0)
-        cfg = compose_config(args, "flash", "learned" if name == "learned" else "rope", seq_len, 0.0, device)
+        cfg = compose_config(args, "flash", "learned" if name.startswith("learned") else "rope", seq_len, 0.0, device)
         step, _, _ = trainpy_step(cfg, args, device)
     finally:
         step_module.build_model_and_optimizer = build_model
@@ -170,9 +185,10 @@ def main():
     p.add_argument("--seq-lens", default="1024,4096")
     p.add_argument("--variants", default="learned,rope,separate")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10, help="timed steps a round")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    args = argparse.Namespace(model="gpt2", tokens_per_step=32768, compile_backend="inductor", warmup=3, steps=10)
+    args = argparse.Namespace(model="gpt2", tokens_per_step=32768, compile_backend="inductor", warmup=3, steps=a.steps)
     device = torch.device("cuda")
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
     for seq_len in map(int, a.seq_lens.split(",")):
@@ -191,8 +207,8 @@ def main():
             report["rows"].append(row)
         del built
         release()
-    with open(a.out, "w") as f:
-        json.dump(report, f, indent=1)
+        with open(a.out, "w") as f:  # after every length, so a run cut short keeps what it measured
+            json.dump(report, f, indent=1)
     rows = report["rows"]
     learned = {r["seq_len"]: r for r in rows if r["variant"] == "learned"}
     for row in rows:
