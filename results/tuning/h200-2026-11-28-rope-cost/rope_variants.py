@@ -2,8 +2,8 @@
 
 Each variant but `learned` and `rope` (the model's own forward) replaces CausalSelfAttention.forward; everything
 else is bench_train.py's row (GPT-2 124M, 32K tokens a step, attention=flash, torch.compile, 3 warm-up + 10 timed
-steps), timed in interleaved rounds, then one torch.profiler pass of 2 steps per variant (every CUDA kernel by
-total time).
+steps), timed in interleaved rounds (each starting one variant further on), then one torch.profiler pass of 2
+steps per variant (every CUDA kernel by total time).
 
     learned    the model at HEAD with model.position_embedding=learned: the reference
     learned_again  a second, identical learned model: the A/A control of the rounds' resolution
@@ -198,11 +198,14 @@ def main():
             built[name] = build(args, name, seq_len, device)
             measure(*built[name], args, True)  # compiles
             peaks[name], times[name] = torch.cuda.max_memory_allocated() / 2**30, []
-        for _ in range(a.rounds):  # interleaved: the GPU's drift between rounds hits every variant alike
-            for name, (step, next_batch) in built.items():
+        names = list(built)
+        for r in range(a.rounds):  # interleaved, so the GPU's drift between rounds hits every variant alike,
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # each round starting one further on:
+                step, next_batch = built[name]  # the first variant after an idle GPU must not always be the same
                 times[name].append(measure(step, next_batch, args, True)["step_ms"])
         for name, (step, next_batch) in built.items():
             row = {"seq_len": seq_len, "variant": name, "step_ms": times[name], "best_ms": min(times[name])}
+            row["median_ms"] = float(np.median(times[name]))
             row.update(peak_gib=peaks[name], profile=kernels(step, next_batch))
             report["rows"].append(row)
         del built
@@ -213,9 +216,10 @@ def main():
     learned = {r["seq_len"]: r for r in rows if r["variant"] == "learned"}
     for row in rows:
         base = learned.get(row["seq_len"])
-        ratio = f"learned / this {base['best_ms'] / row['best_ms']:.3f}" if base else ""
+        ratio = f"learned / this {base['best_ms'] / row['best_ms']:.3f} (best), " if base else ""
+        ratio += f"{base['median_ms'] / row['median_ms']:.3f} (median)" if base else ""
         print(
-            f"T={row['seq_len']:5d} {row['variant']:9s} best {row['best_ms']:6.2f} ms of "
+            f"T={row['seq_len']:5d} {row['variant']:13s} best {row['best_ms']:6.2f} ms of "
             f"{' '.join(f'{t:.2f}' for t in row['step_ms'])} {ratio}, {row['peak_gib']:.1f} GiB, "
             f"kernels {row['profile']['total_ms']:.2f} ms"
         )
