@@ -20,6 +20,7 @@ from flashgpt.model.attention import AttentionConfig, AttentionMask
 from flashgpt.model.backends import build_attention
 from flashgpt.model.kv_cache import KVCache
 from flashgpt.model.loss import linear_cross_entropy, per_token_cross_entropy
+from flashgpt.model.rotary import rotary_qkv, rotary_tables
 from flashgpt.model.sparsity import block_mask_for, build_block_mask, visible_fraction
 
 
@@ -59,29 +60,6 @@ def position_embedding(cfg: ModelConfig) -> PositionEmbedding:
         raise ValueError(f"model.position_embedding={cfg.position_embedding!r}; choose one of: {choices}") from None
 
 
-def rotary_tables(n_positions: int, head_dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """The cos and signed sin tables of `apply_rotary`, 2 x (n_positions, head_dim) float32: position p turns the
-    pair of dims (i, i + D/2) by p · base^(-2i / D). cos repeats the D/2 angles' cosines; sin holds −sin in its
-    first half and +sin in its second. Computed in float64, so that even at 64K positions every value is exact to
-    float32 rounding (a float32 product p · θ would be off by up to p · 2^-24 radians)."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (D/2,)
-    angles = torch.outer(torch.arange(n_positions, dtype=torch.float64), inv_freq)  # (T, D/2)
-    cos, sin = angles.cos(), angles.sin()
-    return torch.cat([cos, cos], dim=-1).float(), torch.cat([-sin, sin], dim=-1).float()  # 2 x (T, D)
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (..., D) with each pair (x_i, x_{i+D/2}) turned by its angle: x_i cos − x_{i+D/2} sin and
-    x_{i+D/2} cos + x_i sin, with cos and sin from `rotary_tables` (broadcastable to x). This half-split pairing
-    (GPT-NeoX, Llama) rotates contiguous halves; RoFormer's adjacent pairs are the same up to a fixed permutation of
-    the head dims, which q and k's projection absorbs. Written as x · cos + roll(x, D/2) · sin, with no split and
-    concatenation: the forward and its gradient are then each one elementwise expression, which torch.compile fuses
-    with its neighbours (the gradient into the copy that assembles the qkv projection's gradient). Computed in
-    float32 at least; bf16 activations are rounded once, at the end."""
-    wide = x.to(torch.promote_types(x.dtype, cos.dtype))
-    return (wide * cos + wide.roll(x.size(-1) // 2, dims=-1) * sin).to(x.dtype)
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, attention: str) -> None:
         super().__init__()
@@ -118,9 +96,7 @@ class CausalSelfAttention(nn.Module):
             # each was turned once, at its own absolute position. q and k are turned token-major, as the
             # projection lays them out, so the attention output (laid out like q) and the gradients of q and k
             # stay token-major too, and neither the output's reshape nor the qkv gradient needs a transposing copy.
-            cos, sin = (t[:, None, :] for t in rotary)  # 2 x (T, 1, D): every head alike
-            q, k = (apply_rotary(qkv[:, :, i], cos, sin).transpose(1, 2) for i in range(2))  # 2 x (B, H, T, D)
-            v = qkv[:, :, 2].transpose(1, 2)  # (B, H, T, D)
+            q, k, v = (t.transpose(1, 2) for t in rotary_qkv(qkv, *rotary))  # 3 x (B, H, T, D)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, H, Tk, D)
         y = self.inner(

@@ -21,7 +21,8 @@ from torch import nn
 from flashgpt.data import DataConfig, get_tokenizer, load_splits
 from flashgpt.data.python_code import stdlib_package_of, sympy_package_of
 from flashgpt.data.shards import read_doc_ids
-from flashgpt.model.gpt import GPT, ModelConfig, rotary_tables
+from flashgpt.model.gpt import GPT, ModelConfig
+from flashgpt.model.rotary import rotary_tables
 from flashgpt.training import jobs, study, study_plan, study_report
 from flashgpt.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from flashgpt.training.config import TrainConfig, register_configs, typed_config, validate

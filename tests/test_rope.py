@@ -16,9 +16,11 @@ from omegaconf import OmegaConf
 from test_masks_model import sharpened
 
 from flashgpt.data.tokenizer import VOCAB_SIZE, get_tokenizer
+from flashgpt.kernels.rotary import rotary_qkv_grad as fused_rotary_qkv_grad
 from flashgpt.model import hf
 from flashgpt.model.generation import generate
-from flashgpt.model.gpt import GPT, ModelConfig, PositionEmbedding, apply_rotary, rotary_tables
+from flashgpt.model.gpt import GPT, ModelConfig, PositionEmbedding
+from flashgpt.model.rotary import apply_rotary, rotary_qkv, rotary_tables
 from flashgpt.training.config import register_configs, typed_config, validate
 from flashgpt.training.saved_model import model_from_checkpoint
 from training_runs import REPO, assert_ok, read_metrics, read_result, train
@@ -129,6 +131,60 @@ def test_rope_hands_the_attention_q_k_v_token_major_as_learned_positions_do():
     # rope's q and k are new (B, T, H, D) tensors; v is the projection's slice, as with learned positions
     assert layouts[PositionEmbedding.rope][0] == layouts[PositionEmbedding.rope][1] == (64 * 128, 64, 128, 1)
     assert layouts[PositionEmbedding.rope][2] == layouts[PositionEmbedding.learned][2]
+
+
+def selected_rotation(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q and k turned by apply_rotary on qkv's slices and v sliced: what rotary_qkv computes, left to autograd."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return apply_rotary(qkv[:, :, 0], cos, sin), apply_rotary(qkv[:, :, 1], cos, sin), qkv[:, :, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rotary_qkv_gives_autograds_values_and_gradient_bit_for_bit(dtype):
+    """rotary_qkv's own backward (the CPU path of flashgpt::rotary_qkv_grad) repeats autograd's operations on the
+    rotation, so eager CPU runs give the same bits as before it existed."""
+    generator = torch.Generator().manual_seed(0)
+    cos, sin = (t[100:123] for t in rotary_tables(123, 16, 10000.0))
+    qkv = torch.randn(2, 23, 3, 2, 16, generator=generator).to(dtype).requires_grad_()
+    grads = [torch.randn(2, 23, 2, 16, generator=generator).to(dtype) for _ in range(3)]
+    ours = rotary_qkv(qkv, cos, sin)
+    autograds = selected_rotation(qkv, cos, sin)
+    for got, expected in zip(ours, autograds, strict=True):
+        assert torch.equal(got, expected)
+    assert ours[2]._base is qkv  # v stays a view of the projection, as with learned positions
+    (ours_grad,) = torch.autograd.grad(ours, qkv, grads)
+    (autograd_grad,) = torch.autograd.grad(autograds, qkv, grads)
+    assert torch.equal(ours_grad, autograd_grad)
+    if dtype == torch.float64:
+        small = qkv[:1, :5].detach().requires_grad_()
+        assert torch.autograd.gradcheck(lambda x: rotary_qkv(x, cos[:5].double(), sin[:5].double()), (small,))
+
+
+@pytest.mark.parametrize(("dtype", "head_dim", "seq_len"), [(torch.float32, 16, 37), (torch.bfloat16, 40, 70)])
+def test_the_fused_rotary_gradient_kernel_matches_float64(dtype, head_dim, seq_len):
+    """kernels/rotary.py (the CUDA path of rotary_qkv_grad), through the Triton interpreter: dq and dk turned back
+    by the transposed rotation within float32 rounding (and one bf16 rounding), dv copied exactly, into a contiguous
+    (B, T, 3, H, D). Odd lengths and a head dim that is not a power of two leave partial tiles; the gradients come
+    as the attention returns them, (B, H, T, D) transposed, and one of them with a padded row."""
+    generator = torch.Generator().manual_seed(seq_len)
+    cos, sin = (t[1000 : 1000 + seq_len] for t in rotary_tables(1000 + seq_len, head_dim, 10000.0))
+    dq, dk, dv = (torch.randn(2, 3, seq_len, head_dim + 8 * (i == 1), generator=generator) for i in range(3))
+    dq, dk, dv = (g[..., :head_dim].to(dtype).transpose(1, 2) for g in (dq, dk, dv))  # 3 x (B, T, H, D) views
+    got = fused_rotary_qkv_grad(dq, dk, dv, cos.contiguous(), sin.contiguous())
+    assert got.shape == (2, seq_len, 3, 3, head_dim) and got.is_contiguous() and got.dtype == dtype
+    assert torch.equal(got[:, :, 2], dv)
+    half = head_dim // 2
+    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
+    for slot, grad in enumerate((dq, dk)):
+        g = grad.double()
+        expected = g * c + (g * s).roll(-half, dims=-1)  # dx_i = dy_i c_i + dy_(i+D/2) s_(i+D/2)
+        # Two float32 products and their sum, each rounded: within 2^-23 of the terms' magnitudes (2^-22 leaves room
+        # for the second-order terms); a bf16 output adds one bf16 ulp of the result (rounded to nearest on the GPU,
+        # truncated by the interpreter).
+        bound = (g.abs() * c.abs() + (g * s).roll(-half, dims=-1).abs()) * 2**-22
+        if dtype == torch.bfloat16:
+            bound = bound + expected.abs() * 2**-7
+        assert ((got[:, :, slot].double() - expected).abs() <= bound).all(), slot
 
 
 def generating_rope_gpt(backend: str) -> GPT:

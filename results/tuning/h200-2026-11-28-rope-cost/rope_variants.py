@@ -14,7 +14,8 @@ steps per variant (every CUDA kernel by total time).
                is not kept alive by v
     flip       as separate, with the halves paired by a flip of a (..., 2, D/2) view instead of chunk and cat
     packed     as rope (HEAD's rotation), with v copied beside q and k into one new (B, T, 3, H, D) buffer
-    unbind     as rope, on qkv.unbind(2)'s views rather than on qkv[:, :, i]
+    unbind     as autograd, on qkv.unbind(2)'s views rather than on qkv[:, :, i]
+    autograd   the rotation on qkv[:, :, i] with autograd's backward (41a4c17); rope's own backward is one kernel
 
     PYTHONPATH=$PWD:$PWD/scripts python results/tuning/h200-2026-11-28-rope-cost/rope_variants.py --out $OUT/rope.json
 """
@@ -31,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from flashgpt.data.batches import get_batch
 from flashgpt.model import gpt
+from flashgpt.model.rotary import apply_rotary
 from flashgpt.training import step as step_module
 
 
@@ -108,8 +110,18 @@ def packed(qkv, rotary):
     if rotary is None:
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
     cos, sin = (t[:, None, :] for t in rotary)  # 2 x (T, 1, D)
-    q, k = (gpt.apply_rotary(qkv[:, :, i], cos, sin) for i in range(2))  # 2 x (B, T, H, D)
+    q, k = (apply_rotary(qkv[:, :, i], cos, sin) for i in range(2))  # 2 x (B, T, H, D)
     return torch.stack([q, k, qkv[:, :, 2]], dim=2).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def autograd(qkv, rotary):
+    """The rotation of 41a4c17: apply_rotary on qkv[:, :, i], its backward left to autograd (a sum of three
+    select_backward terms, one kernel loading dq, dk, dv for every element of dqkv)."""
+    if rotary is None:
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    cos, sin = (t[:, None, :] for t in rotary)  # 2 x (T, 1, D)
+    q, k = (apply_rotary(qkv[:, :, i], cos, sin).transpose(1, 2) for i in range(2))
+    return q, k, qkv[:, :, 2].transpose(1, 2)
 
 
 def unbind(qkv, rotary):
@@ -119,7 +131,7 @@ def unbind(qkv, rotary):
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
     cos, sin = (t[:, None, :] for t in rotary)  # 2 x (T, 1, D)
     q, k, v = qkv.unbind(2)  # 3 x (B, T, H, D)
-    q, k = gpt.apply_rotary(q, cos, sin), gpt.apply_rotary(k, cos, sin)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     return (t.transpose(1, 2) for t in (q, k, v))
 
 
@@ -133,6 +145,7 @@ VARIANTS = {
     "flip": head_major(rotate_halves),
     "packed": packed,
     "unbind": unbind,
+    "autograd": autograd,
 }
 
 
