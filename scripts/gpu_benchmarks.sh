@@ -12,7 +12,8 @@
 #   bash scripts/gpu_benchmarks.sh ncu       # Nsight Compute: our fwd/bwd kernels and cuDNN's, D = 64, T = 16K
 #   bash scripts/gpu_benchmarks.sh masks     # masked kernel vs compiled FlexAttention at T = 4K, 16K
 #   bash scripts/gpu_benchmarks.sh train     # train.py's step (naive/flash/sdpa) vs a compiled nanoGPT-style step
-#   bash scripts/gpu_benchmarks.sh rope      # what rotary positions cost train.py's compiled step (flash, sdpa)
+#   bash scripts/gpu_benchmarks.sh rope      # what rotary positions cost train.py's compiled step (flash, sdpa),
+#                                            # after the GPU check of their fused gradient
 #   bash scripts/gpu_benchmarks.sh masks64k  # GPT-2 124M at 64K: dense, sliding window, documents, block-sparse
 #   bash scripts/gpu_benchmarks.sh context       # 2 GPUs: context parallelism at 64K (flash, sdpa) vs one GPU, and
 #                                                # 20 steps at 16K on one GPU and CP=2 (their losses compared)
@@ -66,6 +67,7 @@ case "${1:?part: kernels | tune-backward | ab | ncu | masks | train | rope | mas
       --budget-min 8.3 --out "$OUT/bench_train.json" 2>&1 | tee "$OUT/bench_train.log"
     ;;
   rope)
+    python scripts/check_rotary.py 2>&1 | tee "$OUT/check_rotary.log"
     python scripts/bench_train.py --providers flash,sdpa --positions learned,rope --seq-lens 1024,4096,16384 \
       --dropout 0 --budget-min 8.3 --out "$OUT/bench_train_rope.json" 2>&1 | tee "$OUT/bench_train_rope.log"
     ;;

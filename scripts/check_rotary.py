@@ -2,7 +2,7 @@
 transposed rotation, dv copied, for head dims 64 and 128 (and 40: a partial tile), bf16 and fp32, an odd length,
 the gradients laid out as the attention returns them. Exits non-zero on a mismatch.
 
-    PYTHONPATH=$PWD python results/tuning/h200-2026-11-28-rope-cost/check_rotary.py
+    python scripts/check_rotary.py
 """
 
 import sys
@@ -35,5 +35,8 @@ def check(dtype: torch.dtype, head_dim: int, seq_len: int = 1001, batch: int = 3
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit("check_rotary.py checks the CUDA kernel and needs a GPU; on the CPU, tests/test_rope.py runs it "
+                 "through the Triton interpreter")  # fmt: skip
     results = [check(dtype, d) for dtype in (torch.bfloat16, torch.float32) for d in (40, 64, 128)]
     sys.exit(0 if all(results) else 1)
