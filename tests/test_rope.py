@@ -165,7 +165,7 @@ def test_the_fused_rotary_gradient_kernel_matches_float64(dtype, head_dim, seq_l
     """kernels/rotary.py (the CUDA path of rotary_qkv_grad), through the Triton interpreter: dq and dk turned back
     by the transposed rotation within float32 rounding (and one bf16 rounding), dv copied exactly, into a contiguous
     (B, T, 3, H, D). Odd lengths and a head dim that is not a power of two leave partial tiles; the gradients come
-    as the attention returns them, (B, H, T, D) transposed, and one of them with a padded row."""
+    as the attention returns them, (B, H, T, D) transposed, dk's rows strided wider than D."""
     generator = torch.Generator().manual_seed(seq_len)
     cos, sin = (t[1000 : 1000 + seq_len] for t in rotary_tables(1000 + seq_len, head_dim, 10000.0))
     dq, dk, dv = (torch.randn(2, 3, seq_len, head_dim + 8 * (i == 1), generator=generator) for i in range(3))
