@@ -32,9 +32,9 @@ def rotary_qkv_grad_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    b = (tl.program_id(1) // n_head).to(tl.int64)  # B·T·3·H·D may pass 2^31
+    b = (tl.program_id(1) // n_head).to(tl.int64)  # offsets in int64: B·T·3·H·D may pass 2^31
     h = tl.program_id(1) % n_head
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]  # (BLOCK_T, 1): positions
+    rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]).to(tl.int64)  # (BLOCK_T, 1): positions
     cols = tl.arange(0, BLOCK_D)[None, :]  # (1, BLOCK_D)
     partners = (cols + HEAD_DIM // 2) % HEAD_DIM  # i⊕
     in_bounds = (rows < seq_len) & (cols < HEAD_DIM)
