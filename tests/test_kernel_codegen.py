@@ -87,3 +87,35 @@ def test_the_hopper_kernels_never_serialise_their_matrix_pipelines_nor_spill_bey
         assert counts["stack"] <= allowed and counts["local"] == 0, f"{case}, {kernel_pass}: spills ({counts})"
         assert counts["warn"] == 0, f"{case}, {kernel_pass}: ptxas warned (run the command to see it): {command}"
         assert counts["HGMMA"] > 0, f"{case}, {kernel_pass}: no wgmma at all ({counts})"
+
+
+ROTARY_PTX = """
+import re, sys, torch
+sys.path.insert(0, "scripts")
+from kernel_sass import _HopperWithoutGpu
+from triton.runtime import driver
+driver.set_active(_HopperWithoutGpu())
+from flashgpt.kernels import rotary
+B, T, H, D = 2, 1024, 12, 64
+dq, dk, dv = (torch.empty(B, H, T, D, dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+dqkv = torch.empty(B, T, 3, H, D, dtype=torch.bfloat16)
+strides = [s for g in (dq, dk, dv) for s in g.stride()[:3]]
+kernel = rotary.rotary_qkv_grad_kernel.warmup(dq, dk, dv, torch.empty(T, D), torch.empty(T, D), dqkv, T, H, *strides,
+    HEAD_DIM=D, BLOCK_T=64, BLOCK_D=64, num_warps=4, grid=(16, B * H))
+print(" ".join(re.findall(r"(?:ld|st)\\.global[.\\w]*", kernel.asm["ptx"])))
+"""
+
+
+def test_the_rotary_gradient_kernel_moves_whole_16_byte_vectors():
+    """kernels/rotary.py as Triton compiles it for sm_90a (D = 64, bf16, the attention's token-major gradients): every
+    global load and store, the partner columns' (i + D/2) mod D included, is a 16-byte vector, and there are as many
+    as the tile needs: per thread, 4 of each of dq, dk, their partners, dv and 3 stores of 4 (8 bf16 each), and 8 of
+    each fp32 table."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # real compilation
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", ROTARY_PTX], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    accesses = proc.stdout.split()
+    assert set(accesses) == {"ld.global.v4.b32", "st.global.v4.b32"}, set(accesses)
+    assert accesses.count("ld.global.v4.b32") == 5 * 4 + 2 * 8 and accesses.count("st.global.v4.b32") == 3 * 4
