@@ -11,4 +11,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD:$PWD/scripts
 python scripts/check_rotary.py 2>&1 | tee "$OUT/check_rotary.log" || exit 1
 python results/tuning/h200-2026-11-28-rope-cost/rope_variants.py --variants learned,learned_again,rope,autograd \
-  --rounds 6 --seq-lens 1024 --out "$OUT/rope_fused.json" 2>&1 | grep -v -i warn | tee "$OUT/rope_fused.log" | head -8
+  --rounds 6 --seq-lens 1024 --out "$OUT/rope_fused.json" 2>&1 | grep -v -i warn > "$OUT/rope_fused.log"
+head -8 "$OUT/rope_fused.log"
