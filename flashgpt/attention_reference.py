@@ -3,7 +3,8 @@
 - `reference_attention`: softmax(q·kᵀ·scale over the visible keys)·v, dense, in float64 (the CPU tests) or float32
   (the GPU checks at a thousand tokens and more), with an optional dropout keep-mask;
 - `rel_err` and `lse_err`: the error measures the tolerances are set in;
-- `recover_keep_mask`: the dropout mask a kernel drew, read back through the kernel itself.
+- `recover_keep_mask`: the dropout mask a kernel drew, read back through the kernel itself;
+- `reference_rotary_grad`: rotary positions' gradient (`flashgpt::rotary_qkv_grad`'s dq, dk slots) in float64.
 """
 
 import math
@@ -95,3 +96,15 @@ def recover_keep_mask(
         o = attend(q, k, v)
         keep[..., start : start + width] = o[..., :width] != 0
     return keep
+
+
+def reference_rotary_grad(
+    grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx = dy·cos + roll(dy·sin, −D/2), the gradient of `model/rotary.py`'s rotation, in float64, for grad
+    (B, T, H, D) and the tables cos, sin (T, D); and beside it |dy·cos| + |roll(dy·sin, −D/2)|, the magnitude a float32
+    computation's rounding error scales with (two products and their sum: within 2^-23 of it)."""
+    g = grad.double()
+    cos, sin = cos.double()[:, None, :], sin.double()[:, None, :]  # (T, 1, D): every head alike
+    turned = (g * sin).roll(-(grad.size(-1) // 2), dims=-1)  # dy_(i+D/2) s_(i+D/2)
+    return g * cos + turned, (g * cos).abs() + turned.abs()

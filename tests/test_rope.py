@@ -15,6 +15,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from test_masks_model import sharpened
 
+from flashgpt.attention_reference import reference_rotary_grad
 from flashgpt.data.tokenizer import VOCAB_SIZE, get_tokenizer
 from flashgpt.kernels.rotary import rotary_qkv_grad as fused_rotary_qkv_grad
 from flashgpt.model import hf
@@ -173,15 +174,11 @@ def test_the_fused_rotary_gradient_kernel_matches_float64(dtype, head_dim, seq_l
     got = fused_rotary_qkv_grad(dq, dk, dv, cos.contiguous(), sin.contiguous())
     assert got.shape == (2, seq_len, 3, 3, head_dim) and got.is_contiguous() and got.dtype == dtype
     assert torch.equal(got[:, :, 2], dv)
-    half = head_dim // 2
-    c, s = cos.double()[:, None, :], sin.double()[:, None, :]
     for slot, grad in enumerate((dq, dk)):
-        g = grad.double()
-        expected = g * c + (g * s).roll(-half, dims=-1)  # dx_i = dy_i c_i + dy_(i+D/2) s_(i+D/2)
-        # Two float32 products and their sum, each rounded: within 2^-23 of the terms' magnitudes (2^-22 leaves room
-        # for the second-order terms); a bf16 output adds one bf16 ulp of the result (rounded to nearest on the GPU,
-        # truncated by the interpreter).
-        bound = (g.abs() * c.abs() + (g * s).roll(-half, dims=-1).abs()) * 2**-22
+        expected, magnitude = reference_rotary_grad(grad, cos, sin)
+        # float32 products and sum: within 2^-23 of the magnitude (2^-22 leaves room for the second-order terms); a
+        # bf16 output adds one bf16 ulp of the result (rounded to nearest on the GPU, truncated by the interpreter).
+        bound = magnitude * 2**-22
         if dtype == torch.bfloat16:
             bound = bound + expected.abs() * 2**-7
         assert ((got[:, :, slot].double() - expected).abs() <= bound).all(), slot
