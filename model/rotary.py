@@ -77,6 +77,7 @@ def rotary_qkv(qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, T
 
     The same values as `apply_rotary` on qkv[:, :, 0] and qkv[:, :, 1], with a backward of its own: autograd would
     assemble qkv's gradient as a sum of three select_backward terms, which inductor compiles into one kernel that
-    loads dq, dk, dv (and the rolled dq, dk) for every element it writes, 2.2 times the time of the copy learned
-    positions run (H200, results/tuning/h200-2026-11-28-rope-cost/). `rotary_qkv_grad` reads each gradient once."""
+    loads dq, dk, dv (and the rolled dq, dk) for every element it writes. `rotary_qkv_grad` reads each gradient
+    once: for GPT-2 124M at 1K, 0.94 ms a step against inductor's 1.93, and rope's cost to the compiled step fell from
+    2.6% to 1.1% (H200, results/tuning/h200-2026-11-28-rope-cost/)."""
     return _RotaryQKV.apply(qkv, cos, sin)
