@@ -2,8 +2,9 @@
 # The next steps of this folder, each one device call, from the repository root; results under $OUT. Copies of
 # kernels/ (with this folder's diffs applied) go to .ab/.
 #   bash results/tuning/h200-2026-11-28-fused-reduce/run_gpu.sh pair    # the two-warpgroup fused backward at
-#       D = 64 (f2late: each warpgroup sends its own dQ; f2split: the pair sums dQ, each sends one half of D):
-#       checked against the reference, then HEAD's backward timed against each, 2K-16K (under 9 minutes)
+#       D = 64 (f2late: each warpgroup sends its own dQ; f2split: the pair sums dQ, each sends one half of D;
+#       f2owner: the first warpgroup computes and sends the whole sum): the summing ones checked against the
+#       reference, then HEAD's backward timed against all three, 4K-16K (under 9 minutes)
 #   bash results/tuning/h200-2026-11-28-fused-reduce/run_gpu.sh masks   # the same bound as ab_noreduce.json for
 #       masked calls with dropout, which take the fused backward: HEAD against no reduce-add, 16K (about 3 minutes)
 set -uo pipefail
@@ -17,14 +18,17 @@ copy() {  # NAME: a copy of the tree's kernel package with NAME.diff applied, in
 # A new handshake between warpgroups may hang rather than fail: each step has a time limit.
 case "${1:?pair | masks}" in
   pair)
-    copy f2late && copy f2split || exit 1
+    copy f2late && copy f2split && copy f2owner || exit 1
     # The copies' table sends every dense D = 64 call without dropout to the two-warpgroup fused backward.
-    PYTHONPATH=$PWD/.ab/f2split:$PWD/.ab/f2split/scripts timeout 240 python .ab/f2split/scripts/bench_attention.py \
-      --check-only --head-dims 64 --out "$OUT/check_f2split.json" 2>&1 | grep -v -i warn | tail -15
-    for t in f2split f2late; do
-      PYTHONPATH=$PWD:$PWD/scripts timeout 150 python scripts/ab_kernels.py --baseline ".ab/$t/kernels" \
-        --passes bwd,fwd_bwd --head-dims 64 --seq-lens 2048,4096,8192,16384 --dropout 0 --rounds 3 \
-        --out "$OUT/ab_head_vs_$t.json" 2>&1 | grep -v -i warn | tail -9
+    for t in f2split f2owner; do
+      PYTHONPATH=$PWD/.ab/$t:$PWD/.ab/$t/scripts timeout 120 python "$here/check_paired.py" 2>&1 \
+        | grep -v -i warn > "$OUT/check_$t.log"
+      echo "check $t: rc ${PIPESTATUS[0]}"; tail -3 "$OUT/check_$t.log"
+    done
+    for t in f2split f2owner f2late; do
+      PYTHONPATH=$PWD:$PWD/scripts timeout 100 python scripts/ab_kernels.py --baseline ".ab/$t/kernels" \
+        --passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 2 \
+        --out "$OUT/ab_head_vs_$t.json" 2>&1 | grep -v -i warn | tail -7
     done
     ;;
   masks)
