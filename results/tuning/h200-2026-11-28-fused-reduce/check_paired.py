@@ -9,9 +9,11 @@ two-warpgroup fused backward. Prints each case; exit status 1 if any fails.
 import json
 import sys
 
+import torch
 from bench_attention import CheckCase, check_case, gpu_profile
 
 import flashgpt
+from flashgpt.kernels import launch
 
 
 def main() -> int:
@@ -20,6 +22,12 @@ def main() -> int:
     cases.append(CheckCase(2, 12, 3000, 64, causal=True, samples=4))
     failed = 0
     print(f"flashgpt: {flashgpt.__file__}")
+    # A copy whose diff did not apply takes the split backward and would pass unseen: require the fused one.
+    cuda = torch.device("cuda")
+    fused = [launch.backward_schedule_for(64, torch.bfloat16, cuda, True, 0.0, t) for t in (4096, 16384)]
+    if fused != ["fused", "fused"]:
+        print(f"this copy's table does not send dense D = 64 calls to the fused backward: {fused}")
+        return 1
     for case in cases:
         result = check_case(case, profile)
         failed += not result["passed"]

@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# The next steps of this folder, each one device call, from the repository root; results under $OUT. Copies of
-# kernels/ (with this folder's diffs applied) go to .ab/.
+# This folder's device calls, each one call, from the repository root; results under $OUT. Copies of
+# kernels/ (with this folder's diffs applied) go to .ab/: build them here first with `run_gpu.sh copies`, then
+# call the device with carry [".ab"].
 #   bash results/tuning/h200-2026-11-28-fused-reduce/run_gpu.sh pair    # the two-warpgroup fused backward at
 #       D = 64 (f2late: each warpgroup sends its own dQ; f2split: the pair sums dQ, each sends one half of D;
 #       f2owner: the first warpgroup computes and sends the whole sum): the summing ones checked against the
-#       reference, then HEAD's backward timed against all three, 4K-16K (under 9 minutes)
+#       reference, then HEAD's backward timed against all three, 4K-16K, and f2owner with the sides swapped
+#       (about 2 minutes)
 #   bash results/tuning/h200-2026-11-28-fused-reduce/run_gpu.sh masks   # the same bound as ab_noreduce.json for
 #       masked calls with dropout, which take the fused backward: HEAD against no reduce-add, 16K (about 3 minutes)
 set -uo pipefail
 OUT=${OUT:-/tmp/fused-reduce}
 mkdir -p "$OUT"
 here=$PWD/results/tuning/h200-2026-11-28-fused-reduce
-copy() {  # NAME: a copy of the tree's kernel package with NAME.diff applied, in .ab/NAME
-  rm -rf ".ab/$1" && mkdir -p ".ab/$1" && cp -r flashgpt kernels scripts model pyproject.toml ".ab/$1/"
-  (cd ".ab/$1" && { git apply "$here/$1.diff" 2> /dev/null || patch -s -p1 < "$here/$1.diff"; })
+copy() {  # NAME: a copy of the tree's kernel package with NAME.diff applied, in .ab/NAME. The GPU machine has
+  # neither git nor patch: build the copies here (`run_gpu.sh copies`) and carry .ab/ with the call.
+  if [ -f ".ab/$1/applied" ]; then return 0; fi
+  rm -rf ".ab/$1" && mkdir -p ".ab/$1" && cp -r flashgpt kernels scripts model pyproject.toml ".ab/$1/" \
+    && git apply --directory=".ab/$1" "$here/$1.diff" && touch ".ab/$1/applied" \
+    || { echo "cannot build .ab/$1 from $1.diff" >&2; return 1; }
 }
 # A new handshake between warpgroups may hang rather than fail: each step has a time limit.
-case "${1:?pair | masks}" in
+case "${1:?copies | pair | masks}" in
+  copies) for t in f2late f2split f2owner noreduce; do copy $t || exit 1; done ;;
   pair)
     copy f2late && copy f2split && copy f2owner || exit 1
     # The copies' table sends every dense D = 64 call without dropout to the two-warpgroup fused backward.
@@ -25,11 +31,14 @@ case "${1:?pair | masks}" in
         | grep -v -i warn > "$OUT/check_$t.log"
       echo "check $t: rc ${PIPESTATUS[0]}"; tail -3 "$OUT/check_$t.log"
     done
+    ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3)
     for t in f2split f2owner f2late; do
-      PYTHONPATH=$PWD:$PWD/scripts timeout 100 python scripts/ab_kernels.py --baseline ".ab/$t/kernels" \
-        --passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 2 \
+      PYTHONPATH=$PWD:$PWD/scripts timeout 120 python scripts/ab_kernels.py --baseline ".ab/$t/kernels" "${ab[@]}" \
         --out "$OUT/ab_head_vs_$t.json" 2>&1 | grep -v -i warn | tail -7
     done
+    # ab_kernels.py read 4% in favour of its baseline side at 4K in an A/A: f2owner once more as the tree.
+    PYTHONPATH=$PWD/.ab/f2owner:$PWD/.ab/f2owner/scripts timeout 120 python .ab/f2owner/scripts/ab_kernels.py \
+      --baseline "$PWD/kernels" "${ab[@]}" --out "$OUT/ab_f2owner_vs_head.json" 2>&1 | grep -v -i warn | tail -7
     ;;
   masks)
     copy noreduce || exit 1
