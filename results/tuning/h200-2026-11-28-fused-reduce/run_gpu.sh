@@ -7,6 +7,8 @@
 #       f2owner: the first warpgroup computes and sends the whole sum): the summing ones checked against the
 #       reference, then HEAD's backward timed against all three, 4K-16K, and f2owner with the sides swapped
 #       (about 2 minutes)
+#   bash results/tuning/h200-2026-11-28-fused-reduce/run_gpu.sh alt     # f2alt (f2owner with the owner
+#       alternating between the warpgroups step by step) checked, then timed against HEAD both ways (about 3 minutes)
 #   bash results/tuning/h200-2026-11-28-fused-reduce/run_gpu.sh masks   # the same bound as ab_noreduce.json for
 #       masked calls with dropout, which take the fused backward: HEAD against no reduce-add, 16K (about 3 minutes)
 set -uo pipefail
@@ -22,7 +24,7 @@ copy() {  # NAME: a copy of the tree's kernel package with NAME.diff applied, in
 }
 # A new handshake between warpgroups may hang rather than fail: each step has a time limit.
 case "${1:?copies | pair | masks}" in
-  copies) for t in f2late f2split f2owner noreduce; do copy $t || exit 1; done ;;
+  copies) for t in f2late f2split f2owner f2alt noreduce; do copy $t || exit 1; done ;;
   pair)
     copy f2late && copy f2split && copy f2owner || exit 1
     # The copies' table sends every dense D = 64 call without dropout to the two-warpgroup fused backward.
@@ -39,6 +41,17 @@ case "${1:?copies | pair | masks}" in
     # ab_kernels.py read 4% in favour of its baseline side at 4K in an A/A: f2owner once more as the tree.
     PYTHONPATH=$PWD/.ab/f2owner:$PWD/.ab/f2owner/scripts timeout 120 python .ab/f2owner/scripts/ab_kernels.py \
       --baseline "$PWD/kernels" "${ab[@]}" --out "$OUT/ab_f2owner_vs_head.json" 2>&1 | grep -v -i warn | tail -7
+    ;;
+  alt)
+    copy f2alt || exit 1
+    PYTHONPATH=$PWD/.ab/f2alt:$PWD/.ab/f2alt/scripts timeout 120 python "$here/check_paired.py" 2>&1 \
+      | grep -v -i warn > "$OUT/check_f2alt.log"
+    echo "check f2alt: rc ${PIPESTATUS[0]}"; tail -3 "$OUT/check_f2alt.log"
+    ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3)
+    PYTHONPATH=$PWD:$PWD/scripts timeout 120 python scripts/ab_kernels.py --baseline .ab/f2alt/kernels "${ab[@]}" \
+      --out "$OUT/ab_head_vs_f2alt.json" 2>&1 | grep -v -i warn | tail -7
+    PYTHONPATH=$PWD/.ab/f2alt:$PWD/.ab/f2alt/scripts timeout 120 python .ab/f2alt/scripts/ab_kernels.py \
+      --baseline "$PWD/kernels" "${ab[@]}" --out "$OUT/ab_f2alt_vs_head.json" 2>&1 | grep -v -i warn | tail -7
     ;;
   masks)
     copy noreduce || exit 1
