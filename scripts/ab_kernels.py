@@ -18,13 +18,22 @@ and TFLOP/s count the pairs the mask keeps:
 
     python scripts/ab_kernels.py --baseline .ab/baseline/kernels --passes fwd,fwd_bwd --seq-lens 4096,16384 \\
         --masks documents,local_global,strided
+
+With --power, each version then also runs each pass back to back in windows of a second and a half (A, B, B, A)
+while `nvidia-smi` samples the SM clock and power draw, and each row gets their medians past each window's first
+half second, the time per call there and the energy per call (power × time). At its power limit the GPU lowers its
+clock to hold its power: two versions can then tie in time and differ in clock, and the one that needs less
+energy per call has room to gain (`results/tuning/h200-2026-11-28-power/`). do_bench's own timings are too short,
+and too broken by its cache flushes, for the power readings.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -32,6 +41,7 @@ import torch
 import triton
 from bench_masks import MASKS, Profile, build_case
 
+from flashgpt.gpu_power import PowerSampler
 from flashgpt.kernel_copies import load_launch
 from flashgpt.kernels import launch as current_launch
 
@@ -142,10 +152,18 @@ def flops(kernel_pass: str, batch: int, heads: int, seq_len: int, head_dim: int,
 
 
 def compare(
-    baseline: ModuleType, passes: list[str], head_dim: int, seq_len: int, dropout: float, rounds: int, mask: str
+    baseline: ModuleType,
+    passes: list[str],
+    head_dim: int,
+    seq_len: int,
+    dropout: float,
+    rounds: int,
+    mask: str,
+    power: PowerSampler | None = None,
 ) -> list[dict]:
     """Time each pass of both versions at one shape (16K tokens, H = 12 for D <= 64, else 2048 / D) under one mask
-    ("none": causal only); one row each."""
+    ("none": causal only); one row each. With a power sampler, each row also has each version's SM clock, power
+    and energy per call with the pass run back to back (`sustained`)."""
     batch, heads = max(1, 16384 // seq_len), 12 if head_dim <= 64 else 2048 // head_dim
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -176,9 +194,47 @@ def compare(
                  baseline_ms=ms_a, new_ms=ms_b, rounds_ms=times, new_tflops=tflops, speedup=ms_a / ms_b,
                  backward_schedule=runs["b"]["schedule"], max_abs_diff=diff)
         )  # fmt: skip
-        print(f"{mask:12s} {head_dim:4d} {seq_len:6d} {dropout:5.2f} {kernel_pass:8s} {ms_a:8.3f} {ms_b:8.3f} "
-              f"{tflops:8.0f} {ms_a / ms_b:8.3f} {max(diff.values()):9.2e}")  # fmt: skip
+        line = (f"{mask:12s} {head_dim:4d} {seq_len:6d} {dropout:5.2f} {kernel_pass:8s} {ms_a:8.3f} {ms_b:8.3f} "
+                f"{tflops:8.0f} {ms_a / ms_b:8.3f} {max(diff.values()):9.2e}")  # fmt: skip
+        if power is not None:
+            rows[-1]["power"] = measured = sustained(runs["a"][kernel_pass], runs["b"][kernel_pass], power)
+            line += "".join(
+                f" {m['sm_mhz']:5.0f} MHz {m['power_w']:4.0f} W {m['mj_per_call']:7.2f} mJ" if m else " (no sample)"
+                for m in measured.values()
+            )
+        print(line)
     return rows
+
+
+def sustained(run_a, run_b, power: PowerSampler, seconds: float = 1.5, settle: float = 0.5) -> dict:
+    """Each version's pass run back to back in windows of `seconds` (A, B, B, A), the host kept a few calls ahead of
+    the GPU: per version, the median SM clock and power past each window's first `settle` seconds, the time per
+    call there, and the energy per call (None where no sample fell inside)."""
+    spans: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
+    calls = {"a": 0, "b": 0}
+    for side in ("a", "b", "b", "a"):
+        run = run_a if side == "a" else run_b
+        torch.cuda.synchronize()
+        start, issued, counted, begin = time.perf_counter(), 0, 0, None
+        while time.perf_counter() - start < seconds:
+            run()
+            issued += 1
+            counted += begin is not None
+            if begin is None and time.perf_counter() - start >= settle:
+                torch.cuda.synchronize()
+                begin = time.perf_counter()
+            elif issued % 8 == 0:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        spans[side].append((begin, time.perf_counter()))
+        calls[side] += counted
+    measured = {}
+    for side in ("a", "b"):
+        measured[side] = power.during(spans[side])
+        if measured[side] is not None:
+            ms = sum(t1 - t0 for t0, t1 in spans[side]) * 1e3 / calls[side]
+            measured[side].update(ms_per_call=ms, mj_per_call=measured[side]["power_w"] * ms)
+    return measured
 
 
 def main() -> None:
@@ -191,6 +247,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="A, B timings per pass; their medians compare")
     parser.add_argument("--masks", default="none", help="comma-separated: none (causal only) or bench_masks' masks")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--power", action="store_true", help="also the SM clock, power and energy per call")
     args = parser.parse_args()
     passes = args.passes.split(",")
     if unknown := set(passes) - set(PASSES):
@@ -199,14 +256,17 @@ def main() -> None:
     if unknown := set(args.masks.split(",")) - {"none", *MASKS}:
         parser.error(f"unknown masks {sorted(unknown)}; choose from none, {', '.join(MASKS)}")
     baseline = load_launch(args.baseline, "ab_baseline_kernels")
+    power = PowerSampler(torch.cuda.current_device()) if args.power else None
+    power_columns = "  base: clock, power, energy; new: the same" if power else ""
     print(f"{'mask':12s} {'D':>4s} {'T':>6s} {'drop':>5s} {'pass':8s} {'base ms':>8s} {'new ms':>8s} {'new TF/s':>8s}"
-          f" {'speed-up':>8s} {'max|diff|':>9s}")  # fmt: skip
+          f" {'speed-up':>8s} {'max|diff|':>9s}{power_columns}")  # fmt: skip
     rows = []
-    for head_dim in map(int, args.head_dims.split(",")):
-        for seq_len in map(int, args.seq_lens.split(",")):
-            for dropout in map(float, args.dropout.split(",")):
-                for mask in args.masks.split(","):
-                    rows += compare(baseline, passes, head_dim, seq_len, dropout, args.rounds, mask)
+    with power or contextlib.nullcontext():
+        for head_dim in map(int, args.head_dims.split(",")):
+            for seq_len in map(int, args.seq_lens.split(",")):
+                for dropout in map(float, args.dropout.split(",")):
+                    for mask in args.masks.split(","):
+                        rows += compare(baseline, passes, head_dim, seq_len, dropout, args.rounds, mask, power)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
