@@ -36,7 +36,8 @@ def parse_sample(line: str, seconds: float) -> Sample | None:
 
 
 class PowerSampler:
-    """Samples one GPU every period_ms from a thread, while the context is entered."""
+    """Samples one GPU every period_ms from a thread, while the context is entered. device_index is nvidia-smi's
+    index of the GPU: torch's, unless CUDA_VISIBLE_DEVICES renumbers them."""
 
     def __init__(self, device_index: int, period_ms: int = 20):
         if shutil.which("nvidia-smi") is None:
