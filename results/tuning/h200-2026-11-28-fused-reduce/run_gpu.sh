@@ -11,7 +11,11 @@
 #       alternating between the warpgroups step by step) checked, then timed against HEAD both ways (about 3 minutes)
 #   bash results/tuning/h200-2026-11-28-fused-reduce/run_gpu.sh masks   # the same bound as ab_noreduce.json for
 #       masked calls with dropout, which take the fused backward: HEAD against no reduce-add, 16K (about 3 minutes)
+# POWER=--power (ab_kernels.py's sustained clock, power and energy per call, A, B, B, A) is worth adding to the
+# A/Bs: its sustained time per call read an A/A within 0.4% where do_bench's medians read 1.6-3%
+# (../h200-2026-11-28-power/). The runs recorded here were taken without it.
 set -uo pipefail
+POWER=(${POWER:-})
 OUT=${OUT:-/tmp/fused-reduce}
 mkdir -p "$OUT"
 here=$PWD/results/tuning/h200-2026-11-28-fused-reduce
@@ -33,7 +37,7 @@ case "${1:?copies | pair | masks}" in
         | grep -v -i warn > "$OUT/check_$t.log"
       echo "check $t: rc ${PIPESTATUS[0]}"; tail -3 "$OUT/check_$t.log"
     done
-    ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3)
+    ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3 "${POWER[@]}")
     for t in f2split f2owner f2late; do
       PYTHONPATH=$PWD:$PWD/scripts timeout 120 python scripts/ab_kernels.py --baseline ".ab/$t/kernels" "${ab[@]}" \
         --out "$OUT/ab_head_vs_$t.json" 2>&1 | grep -v -i warn | tail -7
@@ -47,7 +51,7 @@ case "${1:?copies | pair | masks}" in
     PYTHONPATH=$PWD/.ab/f2alt:$PWD/.ab/f2alt/scripts timeout 120 python "$here/check_paired.py" 2>&1 \
       | grep -v -i warn > "$OUT/check_f2alt.log"
     echo "check f2alt: rc ${PIPESTATUS[0]}"; tail -3 "$OUT/check_f2alt.log"
-    ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3)
+    ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3 "${POWER[@]}")
     PYTHONPATH=$PWD:$PWD/scripts timeout 120 python scripts/ab_kernels.py --baseline .ab/f2alt/kernels "${ab[@]}" \
       --out "$OUT/ab_head_vs_f2alt.json" 2>&1 | grep -v -i warn | tail -7
     PYTHONPATH=$PWD/.ab/f2alt:$PWD/.ab/f2alt/scripts timeout 120 python .ab/f2alt/scripts/ab_kernels.py \
