@@ -345,24 +345,28 @@ def consumer_runs(
 
 @gluon.jit
 def skip_unseen_tiles(start_n, tiles, shift, ring, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """(mine, masked_end) of the warpgroup whose BLOCK_N keys start at start_n, among the program's query tiles
-    tiles = (lo, n_tiles, hi), counted from lo in steps of BLOCK_M: those below `mine` see none of its keys and are
-    handed back unread here, those from `mine` to `masked_end` cross their diagonal (causal: shift = Tk − Tq). Keys
-    past Tk (a ragged last tile) keep the last query tile, masked, so that the walk's peeled first step always has
-    one."""
-    lo, hi = tiles[0], tiles[2]
+    """`seen_tiles`, and the tiles below `mine` handed back unread."""
     STAGES: gl.constexpr = ring[2].shape[0]
-    BLOCK_M: gl.constexpr = ring[2].shape[1]
+    mine, masked_end = seen_tiles(start_n, tiles, shift, ring[2].shape[1], BLOCK_N, CAUSAL)
+    for tile in range(mine):
+        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
+        mbarrier.arrive(ring[1].index(tile % STAGES), count=1)
+    return mine, masked_end
+
+
+@gluon.jit
+def seen_tiles(start_n, tiles, shift, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(mine, masked_end) of the BLOCK_N keys at start_n, among the program's query tiles tiles = (lo, n_tiles, hi),
+    counted from lo in steps of BLOCK_M: those below `mine` see none of the keys, those from `mine` to `masked_end`
+    cross their diagonal (causal: shift = Tk − Tq). Keys past Tk (a ragged last tile) keep the last query tile,
+    masked, so that a walk's peeled first step always has one."""
+    lo, hi = tiles[0], tiles[2]
     first, free = lo, lo
     if CAUSAL:
         first = gl.minimum(gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M, hi - BLOCK_M)
         free = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
     mine = (first - lo) // BLOCK_M
-    masked_end = gl.maximum((free - lo) // BLOCK_M, mine + 1)
-    for tile in range(mine):
-        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
-        mbarrier.arrive(ring[1].index(tile % STAGES), count=1)
-    return mine, masked_end
+    return mine, gl.maximum((free - lo) // BLOCK_M, mine + 1)
 
 
 @gluon.jit

@@ -25,6 +25,23 @@ dQᵀ (D, 32) = Kᵀ·dSᵀ, so that its accumulator takes 32 registers (a produ
 stores that put it there, ptxas serialised every product of the kernel, C7512). Under masks at D = 64 the pass
 also runs 32-query tiles, dQ transposed the same way: on 64-query tiles the masked steps spill.
 
+D = 64 without dropout or masks, **a dQ warpgroup** (`_dq_warpgroup`; 64 × 128 tiles, `launch_fused_hopper`'s
+PAIRED_DQ): the two math warpgroups walk the program's query tiles in step and, rather than each sending its own
+dS·K, hand their dSᵀ to a third warpgroup through a ring of shared buffers; it computes the tile's dQ over the
+program's 128 keys, dS₀·K₀ + dS₁·K₁, and sends it with one reduce-add:
+
+    math warpgroup w:  … dSᵀ_j → buffer (j mod 2, w), arrive ds_ready │ issue dK_j (dSᵀ from that buffer) │ next tile
+    dQ warpgroup:      wait ds_ready_j │ dQ_j = dS₀·K₀ + dS₁·K₁ │ arrive ds_free_j │ dQ_j → TMA reduce-add
+
+Per key, each step sends half the fp32 traffic of a one-warpgroup program, and shares each Q/dO tile between two
+warpgroups; a math warpgroup waits for nobody but the dQ warpgroup, and only when it is two steps behind. At the
+GPU's power limit that is what wins: fewer joules a backward. Against the split backward (7 products, no reduce)
+the backward ran 1.03× faster at 4K, 1.04–1.07× at 8K and 1.07–1.11× at 16K, with 3–9% less energy a call; at
+1K–2K it lost (0.94–0.98×) and the table keeps the split backward there. Registers: 200 for each math warpgroup,
+88 for the dQ one (maxnreg 128 over 16 warps). Before it, two math warpgroups that summed dQ themselves, the owner
+alternating step by step, tied the split backward (1.00× at 16K, 0.98× at 8K): each waited for the other every
+second step (`results/tuning/h200-2026-11-28-paired-dq/`, `../h200-2026-11-28-fused-reduce/`).
+
 - The reduce-add is Hopper's `cp.reduce.async.bulk.tensor.add` (`gluon_common.reduce_add_head_tile`): one bulk
   operation a tile, not 64 · D element-wise atomics. Sums land in an order that varies between runs, so
   `deterministic=True` takes the split backward.
@@ -42,9 +59,9 @@ With dropout 0.1, causal, 16K tokens a call, against the split backward (Gluon d
 (`results/tuning/h200-2026-11-27-gluon-fused-dropout/`, `results/tuning/h200-2026-11-27-gluon-fused-d128/`).
 Under masks, fwd+bwd against the split backward: at D = 64 and 16K 1.07-1.16× on 32-query tiles (on the dense
 64-query tiles the masked steps spill 112-176 bytes, and it ran 0.99-1.07×), 1.16× under documents at 64K; at
-D = 128 1.04-1.11× (`results/tuning/h200-2026-11-27-masked-dropout/`). Without dropout the split backward is as fast or
-faster (by up to 7% at D = 64 and 7-13% at D = 128: its dQ pass owns its rows and needs no reduce), so the table
-takes this pass only with dropout.
+D = 128 1.04-1.11× (`results/tuning/h200-2026-11-27-masked-dropout/`). Without dropout, one warpgroup's own
+reduce-add costs more than the split backward's two extra products (by up to 7% at D = 64 and 7-13% at D = 128),
+so the table takes this pass without dropout only for the dQ warpgroup's dense calls at D = 64 from 4K.
 
 Dense or masked, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T; the tensors must suit tensor
 descriptors (`launch.hopper_launch_config` checks) and dQ_acc (B, H, Tq, D) fp32 is contiguous and zeroed
@@ -71,6 +88,7 @@ from .flash_bwd_dkdv_hopper import (
     key_tile_walk,
     query_ring,
     query_start,
+    seen_tiles,
     store_dk_dv,
 )
 from .gluon_common import (
@@ -90,6 +108,7 @@ def _fused_step(
     dk,
     dv,
     tile,
+    step,
     kv,
     ring,
     dq_out,
@@ -109,12 +128,15 @@ def _fused_step(
     (`hide_unseen`). FIRST: the warpgroup's first tile, whose products start dK and dV. At D > 64 (dK and dV take
     128 registers a thread) dPᵀ is issued after dV's product, so that Sᵀ and dPᵀ are never in flight together, and
     dQ is computed transposed, dQᵀ = Kᵀ·dSᵀ, so that a query tile of 32 rows (a product's rows are 64) keeps its
-    accumulator at 32 registers."""
+    accumulator at 32 registers. dq_out = (dSᵀ buffer, dQ buffer, dQ_acc's descriptor, b, h, pair); with a dQ
+    warpgroup (PAIRED: dSᵀ buffers in a ring) pair = (K buffers, ds_ready, ds_free, this warpgroup's index), and this
+    warpgroup's dSᵀ of its walk's step `step` goes to that warpgroup instead of into a product of its own."""
     start_n, kept = keys[0], keys[3]
     qk_scale, rng, dropout_scale, seq_len_k = consts[1], consts[2], consts[3], consts[4]
     k_smem, v_smem = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
-    ds_smem, dq_smem, dq_desc, b, h = dq_out
+    ds_smem, dq_smem, dq_desc, b, h, pair = dq_out
+    PAIRED: gl.constexpr = len(ds_smem.shape) == 3  # the program's dQ warpgroup sums and sends dQ (`_dq_warpgroup`)
     STAGES: gl.constexpr = q_ring.shape[0]
     BLOCK_M: gl.constexpr = q_ring.shape[1]
     HEAD_DIM: gl.constexpr = q_ring.shape[2]
@@ -166,31 +188,45 @@ def _fused_step(
     else:
         dsT = pT * (dpT - delta[None, :])
     dsT = dsT.to(dtype)
-    ds_smem.store(dsT)
-    fence_async_shared()
-    if DQ_T:  # dQᵀ (D, BLOCK_M) = Kᵀ·dSᵀ, both read from shared memory
-        dq_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
-        dq = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, dq_layout),
-                           use_acc=False, is_async=True)  # fmt: skip
-    else:  # dQ (BLOCK_M, D) = dS·K, dS read transposed from dSᵀ's buffer
-        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout),
-                           use_acc=False, is_async=True)  # fmt: skip
-    if LATE:  # dK's left operand from shared memory too: from registers, ptxas serialises every product (C7512)
-        dk = warpgroup_mma(ds_smem, q_tile, dk, use_acc=not FIRST, is_async=True)
+    if PAIRED:  # dSᵀ to the dQ warpgroup through a ring of DS_STAGES buffers a warpgroup
+        ds_ready, ds_free, WG = pair[1], pair[2], pair[3]
+        DS_STAGES: gl.constexpr = ds_ready.shape[0]
+        slot = step % DS_STAGES
+        mbarrier.wait(ds_free.index(slot), ((step // DS_STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
+        ds_smem.index(2 * slot + WG).store(dsT)
+        fence_async_shared()
+        gl.thread_barrier()  # every thread's part of dSᵀ is written before the dQ warpgroup hears of it
+        mbarrier.arrive(ds_ready.index(slot), count=1)
+        # dK's left operand from that buffer too: from registers, beside the stores, ptxas serialises every product
+        # of the kernel (C7512). This warpgroup's dK retires at the next step, before the buffer's next store.
+        dk = warpgroup_mma(ds_smem.index(2 * slot + WG), q_tile, dk, use_acc=not FIRST, is_async=True)
+        dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))  # dK runs on
     else:
-        dk = warpgroup_mma(gl.convert_layout(dsT, p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
-    # Retires dQ (and dV, where it is still in flight); dK runs on while dQ goes out.
-    if LATE:
-        dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq,))
-    else:
-        dq, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq, dv))
-    tma.store_wait(0)  # the reduce-add that last read dq_smem is done
-    if DQ_T:
-        dq_smem.permute((1, 0)).store(dq)
-    else:
-        dq_smem.store(dq)
-    fence_async_shared()
-    reduce_add_head_tile(dq_desc, b, h, start_m, dq_smem)
+        ds_smem.store(dsT)
+        fence_async_shared()
+        if DQ_T:  # dQᵀ (D, BLOCK_M) = Kᵀ·dSᵀ, both read from shared memory
+            dq_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
+            dq = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)  # fmt: skip
+        else:  # dQ (BLOCK_M, D) = dS·K, dS read transposed from dSᵀ's buffer
+            dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout),
+                               use_acc=False, is_async=True)  # fmt: skip
+        if LATE:  # dK's left operand from shared memory too: from registers, ptxas serialises every product (C7512)
+            dk = warpgroup_mma(ds_smem, q_tile, dk, use_acc=not FIRST, is_async=True)
+        else:
+            dk = warpgroup_mma(gl.convert_layout(dsT, p_layout), q_tile, dk, use_acc=not FIRST, is_async=True)
+        # Retires dQ (and dV, where it is still in flight); dK runs on while dQ goes out.
+        if LATE:
+            dq = warpgroup_mma_wait(num_outstanding=1, deps=(dq,))
+        else:
+            dq, dv = warpgroup_mma_wait(num_outstanding=1, deps=(dq, dv))
+        tma.store_wait(0)  # the reduce-add that last read dq_smem is done
+        if DQ_T:
+            dq_smem.permute((1, 0)).store(dq)
+        else:
+            dq_smem.store(dq)
+        fence_async_shared()
+        reduce_add_head_tile(dq_desc, b, h, start_m, dq_smem)
     return dk, dv
 
 
@@ -217,38 +253,83 @@ def _consumer(
     s_layout: gl.constexpr = mma_layout(gl.num_warps(), BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
-    mine, masked_end, full_end, seen_end, valid = consumer_runs(start_n, tiles, consts, ring, BLOCK_N, CAUSAL,
-                                                                WINDOW, DOCS, SPARSE)  # fmt: skip
+    PAIRED: gl.constexpr = len(dq_out[0].shape) == 3
+    if PAIRED:  # both warpgroups walk every query tile that sees any of the program's keys, in step
+        first_key = start_n - dq_out[5][3] * BLOCK_N
+        mine, masked_end, full_end, seen_end, valid = consumer_runs(first_key, tiles, consts, ring, 2 * BLOCK_N,
+                                                                    CAUSAL, WINDOW, DOCS, SPARSE)  # fmt: skip
+    else:
+        mine, masked_end, full_end, seen_end, valid = consumer_runs(start_n, tiles, consts, ring, BLOCK_N, CAUSAL,
+                                                                    WINDOW, DOCS, SPARSE)  # fmt: skip
     zeros = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
     mbarrier.wait(kv_ready, 0)
     key_ids = gl.load(consts[6] + gl.minimum(offs_n, consts[4] - 1)) if DOCS else offs_n  # the keys' documents
     keys = (start_n, offs_n, key_ids, kept, valid)
     # The first tile is peeled so that products, not zeros written by the warps, start dK and dV (an accumulator
     # written by plain instructions where paths merge makes ptxas serialise every product, C7515).
-    dk, dv = _fused_step(zeros, zeros, mine, kv, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT, WINDOW,
+    dk, dv = _fused_step(zeros, zeros, mine, 0, kv, ring, dq_out, lo, keys, consts, CAUSAL, True, DROPOUT, WINDOW,
                          DOCS, SPARSE)  # fmt: skip
     for tile in range(mine + 1, masked_end):
-        dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT, WINDOW, DOCS,
-                             SPARSE)  # fmt: skip
+        dk, dv = _fused_step(dk, dv, tile, tile - mine, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT,
+                             WINDOW, DOCS, SPARSE)  # fmt: skip
     if WINDOW or DOCS or SPARSE:
         for tile in range(masked_end, full_end):
-            dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, False, False, DROPOUT, WINDOW,
-                                 DOCS, SPARSE)  # fmt: skip
+            dk, dv = _fused_step(dk, dv, tile, tile - mine, kv, ring, dq_out, lo, keys, consts, False, False,
+                                 DROPOUT, WINDOW, DOCS, SPARSE)  # fmt: skip
         for tile in range(full_end, seen_end):
-            dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, True, False, DROPOUT, WINDOW,
-                                 DOCS, SPARSE)  # fmt: skip
+            dk, dv = _fused_step(dk, dv, tile, tile - mine, kv, ring, dq_out, lo, keys, consts, True, False,
+                                 DROPOUT, WINDOW, DOCS, SPARSE)  # fmt: skip
         dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
         mbarrier.arrive(ring[1].index((seen_end - 1) % ring[2].shape[0]), count=1)  # the last tile read
         hand_back(ring, seen_end, n_tiles)
     else:
         for tile in range(masked_end, n_tiles):
-            dk, dv = _fused_step(dk, dv, tile, kv, ring, dq_out, lo, keys, consts, False, False, DROPOUT, WINDOW,
-                                 DOCS, SPARSE)  # fmt: skip
+            dk, dv = _fused_step(dk, dv, tile, tile - mine, kv, ring, dq_out, lo, keys, consts, False, False,
+                                 DROPOUT, WINDOW, DOCS, SPARSE)  # fmt: skip
         dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+    if PAIRED:  # the dQ warpgroup's last products, which read this warpgroup's K (whose buffer takes dK), retired
+        ds_free = dq_out[5][2]
+        DS_STAGES: gl.constexpr = ds_free.shape[0]
+        last = n_tiles - 1 - mine
+        mbarrier.wait(ds_free.index(last % DS_STAGES), (last // DS_STAGES) & 1)
     if DROPOUT:
         dv = dv * consts[3]
     tma.store_wait(0)
     store_dk_dv(dk, dv, kv, outs, start_n)
+
+
+@gluon.jit
+def _dq_warpgroup(shared, start_n, CAUSAL: gl.constexpr):
+    """The dQ of a program of two math warpgroups of 64 keys (dense, no dropout): for each query tile of their walk,
+    once both have put their dSᵀ in shared memory (`ds_ready`), dQ (BLOCK_M, D) = dS₀·K₀ + dS₁·K₁ over the
+    program's 128 keys, sent with one reduce-add: half the reduce traffic of a warpgroup that sends its own, and the
+    math warpgroups wait for nobody but this one, and only when it is DS_STAGES steps behind (`ds_free`)."""
+    kv_ready, ring, dq_out, tiles, consts = shared
+    ds_smem, dq_smem, dq_desc, b, h, pair = dq_out
+    k_all, ds_ready, ds_free = pair[0], pair[1], pair[2]
+    DS_STAGES: gl.constexpr = ds_ready.shape[0]
+    BLOCK_M: gl.constexpr = ring[2].shape[1]
+    HEAD_DIM: gl.constexpr = ring[2].shape[2]
+    KEYS: gl.constexpr = k_all.shape[1]
+    lo, n_tiles = tiles[0], tiles[1]
+    mine, _ = seen_tiles(start_n, tiles, consts[0], BLOCK_M, 2 * KEYS, CAUSAL)
+    dq_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
+    zeros = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    mbarrier.wait(kv_ready, 0)
+    for step in range(n_tiles - mine):
+        slot = step % DS_STAGES
+        mbarrier.wait(ds_ready.index(slot), (step // DS_STAGES) & 1)
+        dq = warpgroup_mma(ds_smem.index(2 * slot).permute((1, 0)), k_all.index(0), zeros, use_acc=False,
+                           is_async=True)  # fmt: skip
+        dq = warpgroup_mma(ds_smem.index(2 * slot + 1).permute((1, 0)), k_all.index(1), dq, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+        mbarrier.arrive(ds_free.index(slot), count=1)
+        buf = step % 2
+        tma.store_wait(1)  # the reduce-add that read this buffer two steps ago is done
+        dq_smem.index(buf).store(dq)
+        fence_async_shared()
+        reduce_add_head_tile(dq_desc, b, h, lo + (mine + step) * BLOCK_M, dq_smem.index(buf))
+    tma.store_wait(0)
 
 
 @gluon.jit(do_not_specialize=["seed", "offset_lo", "offset_hi", "dropout_threshold"])
@@ -277,18 +358,20 @@ def flash_bwd_fused_hopper_kernel(
     WalkOrder,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
+    PAIRED_DQ: gl.constexpr,
     CAUSAL: gl.constexpr,
     WINDOW: gl.constexpr,
     HEADS_FASTEST: gl.constexpr,
     DROPOUT: gl.constexpr,
 ):
     """dK, dV (B, H, Tk, D) of a key tile (64 · CONSUMERS keys) of a head (`tile_and_head`), and its share of
-    dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ. Descriptors
-    as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of (1, 1, 64, D)), and
-    dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`). Masks as the dK/dV pass takes
-    them (`flash_bwd_dkdv_hopper_kernel`): with CAUSAL, WINDOW (a sliding window of window_size keys), documents
-    (DocIds with its schedule DocRanges) and blocks (a block mask's kept query tiles per key tile, KeptIndex with
-    KeptCount), and WalkOrder the order the key tiles' programs start in."""
+    dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ; with
+    PAIRED_DQ (two math warpgroups, dense, no dropout) a third warpgroup sums and sends their dQ (`_dq_warpgroup`).
+    Descriptors as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of
+    (1, 1, 64, D)), and dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`). Masks as the
+    dK/dV pass takes them (`flash_bwd_dkdv_hopper_kernel`): with CAUSAL, WINDOW (a sliding window of window_size
+    keys), documents (DocIds with its schedule DocRanges) and blocks (a block mask's kept query tiles per key tile,
+    KeptIndex with KeptCount), and WalkOrder the order the key tiles' programs start in."""
     DOCS: gl.constexpr = documents[0] is not None
     SPARSE: gl.constexpr = blocks[0] is not None
     dtype: gl.constexpr = q_desc.dtype
@@ -309,9 +392,22 @@ def flash_bwd_fused_hopper_kernel(
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, HEAD_DIM], kv_layout)
     ring = query_ring(STAGES, BLOCK_M, HEAD_DIM, dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, BLOCK_M], tile_layout(KEYS, BLOCK_M, dtype))
+    ds_layout: gl.constexpr = tile_layout(KEYS, BLOCK_M, dtype)
     dq_layout: gl.constexpr = tile_layout(BLOCK_M, HEAD_DIM, gl.float32)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [CONSUMERS, BLOCK_M, HEAD_DIM], dq_layout)
+    # Both, a program of two math warpgroups whose dQ a third sums: dSᵀ in a ring of DS_STAGES pairs of buffers
+    # (ds_ready: both stored; ds_free: the dQ warpgroup's products that read them retired), dQ's source doubled.
+    if PAIRED_DQ:
+        gl.static_assert(CONSUMERS == 2 and not DROPOUT and not WINDOW, "a dQ warpgroup: dense, without dropout")
+        DS_STAGES: gl.constexpr = 2
+        ds_smem = gl.allocate_shared_memory(dtype, [2 * DS_STAGES, KEYS, BLOCK_M], ds_layout)
+        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_STAGES, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [DS_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(DS_STAGES):
+            mbarrier.init(ds_ready.index(i), count=2)
+            mbarrier.init(ds_free.index(i), count=1)
+    else:
+        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, KEYS, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2 if PAIRED_DQ else CONSUMERS, BLOCK_M, HEAD_DIM], dq_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
     init_ring(ring, CONSUMERS)
@@ -335,9 +431,25 @@ def flash_bwd_fused_hopper_kernel(
     consts = (shift, softmax_scale * LOG2E, rng, dropout_scale, seq_len_k, window_size, docs, doc_range)
     # Constexprs go into each partition's argument tuple directly (a tuple bound to a name makes them run-time).
     tiles = (lo, n_tiles, hi, kept)
-    dq_out0 = (ds_smem.index(0), dq_smem.index(0), dq_acc_desc, b, h)
     walk = (lo, n_tiles, kept)  # the producer's
-    if CONSUMERS == 1:
+    if PAIRED_DQ:
+        gl.static_assert(not (documents[0] is not None or blocks[0] is not None), "a dQ warpgroup: no masks")
+        dq_out0 = (ds_smem, dq_smem, dq_acc_desc, b, h, (k_smem, ds_ready, ds_free, 0))
+        dq_out1 = (ds_smem, dq_smem, dq_acc_desc, b, h, (k_smem, ds_ready, ds_free, 1))
+        gl.warp_specialize(
+            [
+                (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
+                             start_n, CAUSAL, False, False, False, False)),
+                (_consumer, ((k_smem.index(1), v_smem.index(1)), (kv_ready, ring, dq_out1, tiles, outs, consts),
+                             start_n + KEYS, CAUSAL, False, False, False, False)),
+                (_dq_warpgroup, ((kv_ready, ring, dq_out0, tiles, consts), start_n, CAUSAL)),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, False)),
+            ],
+            [4, 4, 1],
+            [200, 88, 24],
+        )  # fmt: skip
+    elif CONSUMERS == 1:
+        dq_out0 = (ds_smem.index(0), dq_smem.index(0), dq_acc_desc, b, h, 0)
         gl.warp_specialize(
             [
                 (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
@@ -348,7 +460,8 @@ def flash_bwd_fused_hopper_kernel(
             [24],
         )  # fmt: skip
     else:
-        dq_out1 = (ds_smem.index(1), dq_smem.index(1), dq_acc_desc, b, h)
+        dq_out0 = (ds_smem.index(0), dq_smem.index(0), dq_acc_desc, b, h, 0)
+        dq_out1 = (ds_smem.index(1), dq_smem.index(1), dq_acc_desc, b, h, 0)
         gl.warp_specialize(
             [
                 (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),

@@ -265,9 +265,13 @@ def gluon_config(
     the configuration of the nearest length the table lists where it lists none for theirs (the Triton pass won or
     tied dense calls there; at D = 64, the forward and the dQ pass at 1K): under documents fwd+bwd ran 1.19x at 1K;
     under block masks the Gluon forward lost there (0.75-0.79x), and they keep the table's choice
-    (`results/tuning/h200-2026-11-28-nearest-bucket/`)."""
-    cfg = hopper_config(kernel_pass, head_dim, dtype, causal, dropout, seq_len)
+    (`results/tuning/h200-2026-11-28-nearest-bucket/`). Masked calls without dropout never take the fused
+    backward: the table lists it without dropout only for dense calls at D = 64, where its two math warpgroups sum
+    dQ before it leaves, and masked ones keep the split passes they were measured faster with."""
     tensor_masks = documents or block_size is not None
+    if kernel_pass == "bwd_fused_hopper" and not dropout and (window or tensor_masks):
+        return None  # the table's fused pass without dropout is the dense paired-dQ one (`launch_fused_hopper`)
+    cfg = hopper_config(kernel_pass, head_dim, dtype, causal, dropout, seq_len)
     if cfg is None and dropout and head_dim <= 64 and (tensor_masks or (window and kernel_pass != "fwd_hopper")):
         cfg = hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
     if cfg is None and not dropout and (window or documents) and block_size is None:
@@ -650,18 +654,20 @@ def launch_fused_hopper(
     backward at cfg (`hopper_launch_config`): programs of cfg.block_n // 64 math warpgroups of 64 keys each, under
     the masks as the dK/dV pass takes them. δ and the zeroed dq_acc come from `launch_preprocess`, dq from
     `launch_dq_convert`; dk and dv are stored by TMA, as in `launch_dkdv_hopper`."""
-    batch, heads, seq_len_q, _ = q.shape
+    batch, heads, seq_len_q, head_dim = q.shape
     seq_len_k = k.shape[2]
     m, n = cfg.block_m, cfg.block_n
     first = heads_fastest("bwd_fused_hopper", masks)
+    # At D = 64, the two math warpgroups of a dense call without dropout hand their dS to a third, which sums dQ.
+    paired = head_dim == 64 and n == 128 and m == 64 and not masks.any and not params.dropout
     return _launch(
         flash_bwd_fused_hopper_kernel, gluon_grid(_cdiv(seq_len_k, n), batch * heads, first), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),
         head_descriptor(dv, 64), head_descriptor(dq_acc, m), heads, seq_len_q, seq_len_k, params.softmax_scale,
         *params.scalars[1:], *_gluon_mask_args(masks, "bwd_fused_hopper", cfg),
-        _walk_order("bwd_fused_hopper", masks, cfg), STAGES=cfg.num_stages, CONSUMERS=n // 64, CAUSAL=params.causal,
-        WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout, num_warps=4,
-        maxnreg=cfg.maxnreg,
+        _walk_order("bwd_fused_hopper", masks, cfg), STAGES=cfg.num_stages, CONSUMERS=n // 64, PAIRED_DQ=paired,
+        CAUSAL=params.causal, WINDOW=masks.window_size is not None, HEADS_FASTEST=first, DROPOUT=params.dropout,
+        num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
 
 

@@ -283,7 +283,8 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     also those it lists only without dropout, without dropout also those it lists only at another T
     (`launch.gluon_config`), as masks fit them (the forward's 192 rows drop
     to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys drop to 64 x 64; under documents or with
-    dropout the dQ pass takes 64-key tiles; the fused pass's 64 keys take 32-query tiles), and none for a call the
+    dropout the dQ pass takes 64-key tiles; the fused pass's 64 keys take 32-query tiles, and without dropout masked
+    calls never take the fused pass), and none for a call the
     Gluon passes never take (not causal, fp32) or that has no schedule to build."""
     from dataclasses import replace
 
@@ -298,6 +299,8 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
                 cfg = hopper_config(name, 64, "bfloat16", True, False, seq_len)
             if name and cfg is None and not dropout:
                 cfg = nearest_hopper_config(name, 64, "bfloat16", True, False, seq_len)
+            if name == "bwd_fused_hopper" and not dropout:
+                cfg = None  # without dropout the table's fused pass is for dense calls only
             if cfg is not None:
                 rows = 64 if name == "fwd_hopper" else cfg.block_m
                 keys = 64 if name == "fwd_hopper" or name == "bwd_dq_hopper" else cfg.block_n
@@ -372,9 +375,9 @@ def test_masked_calls_without_dropout_take_a_gluon_pass_the_table_lists_only_at_
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_masked_calls_take_the_gluon_backward_that_the_table_lists_for_dense_ones(monkeypatch, dropout):
     """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64 at 16K, under a sliding window (which the
-    Gluon passes take without a schedule) as without masks: with dropout the Gluon fused backward, which draws each
-    dropout decision once (under masks on 32-query tiles); without, the split backward (the table lists no fused
-    pass there, and the Gluon split passes take the window)."""
+    Gluon passes take without a schedule) and without masks: with dropout the Gluon fused backward, which draws each
+    dropout decision once (under masks on 32-query tiles); without dropout the fused backward whose two math
+    warpgroups sum dQ (64 x 128) for the dense call, and the Gluon split passes under the window."""
     from dataclasses import replace
 
     from flashgpt.kernels import attention_op, launch
@@ -384,15 +387,15 @@ def test_masked_calls_take_the_gluon_backward_that_the_table_lists_for_dense_one
     q, k, v, o, do = (torch.zeros(1, 2, 16384, 64, dtype=torch.bfloat16) for _ in range(5))
     params = launch.AttentionParams(True, dropout, 0.125)
     fused_hopper = hopper_config("bwd_fused_hopper", 64, "bfloat16", True, dropout > 0, 16384)
-    assert (fused_hopper is not None) == (dropout > 0)
+    assert (fused_hopper.block_m, fused_hopper.block_n) == ((64, 64) if dropout else (64, 128))
     window = replace(launch.NO_MASKS, window_size=1024)
     masked, dense = (attention_op._backward_schedule(q, k, v, o, do, params, masks, False)
                      for masks in (window, launch.NO_MASKS))  # fmt: skip
-    if fused_hopper is None:
-        assert masked == dense == (None, False)
-    else:  # under masks on 32-query tiles (`launch.fit_gluon_to_masks`)
-        assert dense == (fused_hopper, True)
+    assert dense == (fused_hopper, True)
+    if dropout:  # under masks on 32-query tiles (`launch.fit_gluon_to_masks`)
         assert masked == (replace(fused_hopper, block_m=32, num_stages=4), True)
+    else:
+        assert masked == (None, False)
     assert attention_op._backward_schedule(q, k, v, o, do, params, window, True) == (None, False)  # deterministic
 
 

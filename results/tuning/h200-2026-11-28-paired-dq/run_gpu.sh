@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# This folder's device calls, from the repository root; results under $OUT. The baseline is a copy of the
+# kernels before the dQ warpgroup (94dadb2: the split backward at every dense D = 64 shape without dropout), built
+# here (the GPU machine has no git) and carried with the call (carry [".ab"]). For the first variant (f2alt), apply
+# f2alt_integrated.diff to 94dadb2's tree first.
+#   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh copies
+#   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh check   # the paired path's own check, then
+#       bench_attention.py's whole GPU check, then the A/B with the tree as A (about 5 minutes)
+#   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh timing  # the A/B the other way round, then flash
+#       against cuDNN at D = 64 (about 4 minutes)
+set -uo pipefail
+OUT=${OUT:-/tmp/paired-dq}
+mkdir -p "$OUT"
+here=$PWD/results/tuning/h200-2026-11-28-paired-dq
+base=94dadb2
+ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3 --power)
+quiet() { grep -v -i warn; }
+case "${1:?copies | check | timing | both}" in
+  copies)
+    rm -rf .ab/split && mkdir -p .ab/split \
+      && git archive "$base" flashgpt kernels scripts model pyproject.toml | tar -x -C .ab/split ;;
+  check)
+    [ -d .ab/split/kernels ] || { echo "no .ab/split: run 'copies' here and carry .ab" >&2; exit 1; }
+    PYTHONPATH=$PWD timeout 120 python "$here/check_paired_dq.py" --out "$OUT/check_paired_dq.json" 2>&1 | quiet
+    rc=${PIPESTATUS[0]}; echo "check_paired_dq: rc $rc"; [ "$rc" = 0 ] || exit 1
+    PYTHONPATH=$PWD timeout 300 python scripts/bench_attention.py --check-only --out "$OUT/check_all.json" 2>&1 \
+      | quiet | grep -v "^check .*: ok" | tail -5
+    echo "bench_attention --check-only: rc ${PIPESTATUS[0]}"
+    PYTHONPATH=$PWD:$PWD/scripts timeout 200 python scripts/ab_kernels.py --baseline .ab/split/kernels "${ab[@]}" \
+      --out "$OUT/ab_split_vs_paired.json" 2>&1 | quiet | tail -9
+    ;;
+  both) bash "$0" check && bash "$0" timing ;;
+  timing)
+    [ -d .ab/split/kernels ] || { echo "no .ab/split: run 'copies' here and carry .ab" >&2; exit 1; }
+    PYTHONPATH=$PWD/.ab/split:$PWD/.ab/split/scripts timeout 200 python .ab/split/scripts/ab_kernels.py \
+      --baseline "$PWD/kernels" "${ab[@]}" --out "$OUT/ab_paired_vs_split.json" 2>&1 | quiet | tail -9
+    PYTHONPATH=$PWD timeout 200 python scripts/bench_attention.py --no-check --provider flash,sdpa_cudnn \
+      --head-dims 64 --dropout 0 --seq-lens 4096,8192,16384 --host-calls 0 --out "$OUT/bench_d64.json" 2>&1 \
+      | quiet | tail -14
+    ;;
+  *) echo "unknown part $1" >&2; exit 2 ;;
+esac
