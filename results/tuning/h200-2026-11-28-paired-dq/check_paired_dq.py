@@ -6,6 +6,8 @@ program), Tq < Tk (causal, bottom-right aligned), fp16, packed qkv, B > 1, a gra
 Prints a line per case; exit status 1 if any fails or is not routed there.
 
     PYTHONPATH=$PWD python results/tuning/h200-2026-11-28-paired-dq/check_paired_dq.py --out check.json
+    # head dim 128 (32 x 128 tiles), through a copy with d128_dq_warpgroup.diff applied (`run_gpu.sh d128`):
+    PYTHONPATH=$PWD/.ab/d128 python results/tuning/h200-2026-11-28-paired-dq/check_paired_dq.py --head-dim 128
 """
 
 import argparse
@@ -32,16 +34,17 @@ CASES = [
 
 
 def routed_to_paired(head_dim: int, dtype: torch.dtype, seq_len_k: int) -> bool:
-    """The table lists the Gluon fused backward on 64 x 128 tiles (`launch_fused_hopper` pairs them) for the call."""
+    """The table lists the Gluon fused backward on 64 x 128 tiles (32 x 128 at head dim 128), which
+    `launch_fused_hopper` runs with a dQ warpgroup, for the call."""
     cfg = tuning.hopper_config("bwd_fused_hopper", head_dim, launch.dtype_name(dtype), True, False, seq_len_k)
-    return cfg is not None and (cfg.block_m, cfg.block_n) == (64, 128)
+    return cfg is not None and (cfg.block_m, cfg.block_n) == (64 if head_dim <= 64 else 32, 128)
 
 
-def inputs(b: int, h: int, tq: int, tk: int, dtype: torch.dtype, packed: bool) -> list[torch.Tensor]:
+def inputs(b: int, h: int, tq: int, tk: int, d: int, dtype: torch.dtype, packed: bool) -> list[torch.Tensor]:
     if packed:
-        qkv = torch.randn(b, tk, 3, h, 64, device="cuda", dtype=dtype).permute(2, 0, 3, 1, 4)
+        qkv = torch.randn(b, tk, 3, h, d, device="cuda", dtype=dtype).permute(2, 0, 3, 1, 4)
         return [x.detach().requires_grad_() for x in qkv.unbind(0)]
-    return [torch.randn(b, h, t, 64, device="cuda", dtype=dtype, requires_grad=True) for t in (tq, tk, tk)]
+    return [torch.randn(b, h, t, d, device="cuda", dtype=dtype, requires_grad=True) for t in (tq, tk, tk)]
 
 
 def run(q, k, v, grad_o, grad_lse, deterministic: bool) -> dict[str, torch.Tensor]:
@@ -73,29 +76,31 @@ def errors(got: dict[str, torch.Tensor], want: dict[str, list[torch.Tensor]], pa
     return result
 
 
-def check(case: tuple, seed: int) -> dict:
+def check(case: tuple, head_dim: int, seed: int) -> dict:
     b, h, tq, tk, dtype, packed, with_lse = case
     torch.manual_seed(seed)
-    q, k, v = inputs(b, h, tq, tk, dtype, packed)
-    grad_o = torch.randn(b, h, tq, 64, device="cuda")
+    q, k, v = inputs(b, h, tq, tk, head_dim, dtype, packed)
+    grad_o = torch.randn(b, h, tq, head_dim, device="cuda")
     grad_lse = torch.randn(b, h, tq, device="cuda") if with_lse else None
     pairs = [(0, 0), (b - 1, h - 1)]
     want = reference(q, k, v, grad_o, grad_lse, pairs)
     paired = errors(run(q, k, v, grad_o, grad_lse, deterministic=False), want, pairs)
     split = errors(run(q, k, v, grad_o, grad_lse, deterministic=True), want, pairs)
-    routed = routed_to_paired(64, dtype, tk)
+    routed = routed_to_paired(head_dim, dtype, tk)
     passed = routed and all(e <= TOLERANCE and e <= 1.5 * split[n] + 1e-3 for n, e in paired.items())
-    name = f"B={b} H={h} Tq={tq} Tk={tk} {str(dtype)[6:]}{' packed' if packed else ''}{' dlse' if with_lse else ''}"
+    extras = (" packed" if packed else "") + (" dlse" if with_lse else "")
+    name = f"D={head_dim} B={b} H={h} Tq={tq} Tk={tk} {str(dtype)[6:]}{extras}"
     return {"case": name, "routed": routed, "paired": paired, "split": split, "passed": passed}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     results = []
     for seed, case in enumerate(CASES):
-        result = check(case, seed)
+        result = check(case, args.head_dim, seed)
         results.append(result)
         worst = {n: f"{result['paired'][n]:.2e}/{result['split'][n]:.2e}" for n in result["paired"]}
         print(f"{'ok' if result['passed'] else 'FAILED'} {result['case']} routed={result['routed']} "

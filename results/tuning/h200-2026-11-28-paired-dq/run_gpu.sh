@@ -8,6 +8,9 @@
 #       bench_attention.py's whole GPU check, then the A/B with the tree as A (about 5 minutes)
 #   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh timing  # the A/B the other way round, then flash
 #       against cuDNN at D = 64 (about 4 minutes)
+#   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh d128    # not yet run: the dQ warpgroup at D = 128
+#       (d128_dq_warpgroup.diff, built into .ab/d128 by `copies`) checked, then A/B against the tree both ways
+#       (about 5 minutes)
 set -uo pipefail
 OUT=${OUT:-/tmp/paired-dq}
 mkdir -p "$OUT"
@@ -15,10 +18,23 @@ here=$PWD/results/tuning/h200-2026-11-28-paired-dq
 base=94dadb2
 ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3 --power)
 quiet() { grep -v -i warn; }
-case "${1:?copies | check | timing | both}" in
+case "${1:?copies | check | timing | both | d128}" in
   copies)
     rm -rf .ab/split && mkdir -p .ab/split \
-      && git archive "$base" flashgpt kernels scripts model pyproject.toml | tar -x -C .ab/split ;;
+      && git archive "$base" flashgpt kernels scripts model pyproject.toml | tar -x -C .ab/split
+    rm -rf .ab/d128 && mkdir -p .ab/d128 && cp -r flashgpt kernels scripts model pyproject.toml .ab/d128/ \
+      && git apply --directory=.ab/d128 "$here/d128_dq_warpgroup.diff" ;;
+  d128)
+    [ -d .ab/d128/kernels ] || { echo "no .ab/d128: run 'copies' here and carry .ab" >&2; exit 1; }
+    PYTHONPATH=$PWD/.ab/d128 timeout 150 python "$here/check_paired_dq.py" --head-dim 128 \
+      --out "$OUT/check_paired_dq_d128.json" 2>&1 | quiet
+    rc=${PIPESTATUS[0]}; echo "check_paired_dq D = 128: rc $rc"; [ "$rc" = 0 ] || exit 1
+    ab128=(--passes bwd,fwd_bwd --head-dims 128 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3 --power)
+    PYTHONPATH=$PWD:$PWD/scripts timeout 200 python scripts/ab_kernels.py --baseline .ab/d128/kernels "${ab128[@]}" \
+      --out "$OUT/ab_d128_vs_split.json" 2>&1 | quiet | tail -7
+    PYTHONPATH=$PWD/.ab/d128:$PWD/.ab/d128/scripts timeout 200 python .ab/d128/scripts/ab_kernels.py \
+      --baseline "$PWD/kernels" "${ab128[@]}" --out "$OUT/ab_split_vs_d128.json" 2>&1 | quiet | tail -7
+    ;;
   check)
     [ -d .ab/split/kernels ] || { echo "no .ab/split: run 'copies' here and carry .ab" >&2; exit 1; }
     PYTHONPATH=$PWD timeout 120 python "$here/check_paired_dq.py" --out "$OUT/check_paired_dq.json" 2>&1 | quiet
