@@ -11,6 +11,9 @@
 #   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh d128    # not yet run: the dQ warpgroup at D = 128
 #       (d128_dq_warpgroup.diff, built into .ab/d128 by `copies`) checked, then A/B against the tree both ways
 #       (about 5 minutes)
+#   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh masks   # not yet run: the dQ warpgroup under a
+#       window and documents without dropout (masked_dq_warpgroup.diff, .ab/masked) checked by the Gluon mask check,
+#       then A/B against the tree's split passes at 16K and 64K (about 4 minutes)
 set -uo pipefail
 OUT=${OUT:-/tmp/paired-dq}
 mkdir -p "$OUT"
@@ -18,12 +21,23 @@ here=$PWD/results/tuning/h200-2026-11-28-paired-dq
 base=94dadb2
 ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3 --power)
 quiet() { grep -v -i warn; }
-case "${1:?copies | check | timing | both | d128}" in
+case "${1:?copies | check | timing | both | d128 | masks}" in
   copies)
     rm -rf .ab/split && mkdir -p .ab/split \
       && git archive "$base" flashgpt kernels scripts model pyproject.toml | tar -x -C .ab/split
     rm -rf .ab/d128 && mkdir -p .ab/d128 && cp -r flashgpt kernels scripts model pyproject.toml .ab/d128/ \
-      && git apply --directory=.ab/d128 "$here/d128_dq_warpgroup.diff" ;;
+      && git apply --directory=.ab/d128 "$here/d128_dq_warpgroup.diff"
+    rm -rf .ab/masked && mkdir -p .ab/masked && cp -r flashgpt kernels scripts model pyproject.toml .ab/masked/ \
+      && git apply --directory=.ab/masked "$here/masked_dq_warpgroup.diff" ;;
+  masks)
+    [ -d .ab/masked/kernels ] || { echo "no .ab/masked: run 'copies' here and carry .ab" >&2; exit 1; }
+    PYTHONPATH=$PWD/.ab/masked timeout 200 python results/tuning/h200-2026-11-27-gluon-blocks/check_masks.py \
+      --out "$OUT/check_masks_masked.json" 2>&1 | quiet | tail -4
+    rc=${PIPESTATUS[0]}; echo "check_masks: rc $rc"; [ "$rc" = 0 ] || exit 1
+    PYTHONPATH=$PWD:$PWD/scripts timeout 300 python scripts/ab_kernels.py --baseline .ab/masked/kernels \
+      --passes bwd,fwd_bwd --head-dims 64 --seq-lens 16384,65536 --dropout 0 --masks window_1k,window_4k,documents \
+      --rounds 3 --power --out "$OUT/ab_split_vs_masked.json" 2>&1 | quiet | tail -13
+    ;;
   d128)
     [ -d .ab/d128/kernels ] || { echo "no .ab/d128: run 'copies' here and carry .ab" >&2; exit 1; }
     PYTHONPATH=$PWD/.ab/d128 timeout 150 python "$here/check_paired_dq.py" --head-dim 128 \
