@@ -11,6 +11,9 @@
 #   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh d128    # not yet run: the dQ warpgroup at D = 128
 #       (d128_dq_warpgroup.diff, built into .ab/d128 by `copies`) checked, then A/B against the tree both ways
 #       (about 5 minutes)
+#   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh dropout # not yet run: the dQ warpgroup with dropout
+#       at D = 64 from 4K (dropout_dq_warpgroup.diff, .ab/dropout) checked against the split backward on the same
+#       keep-mask, then A/B against the tree's one-warpgroup fused backward (about 3 minutes)
 #   bash results/tuning/h200-2026-11-28-paired-dq/run_gpu.sh masks   # not yet run: the dQ warpgroup under a
 #       window and documents without dropout (masked_dq_warpgroup.diff, .ab/masked) checked by the Gluon mask check,
 #       then A/B against the tree's split passes at 16K and 64K (about 4 minutes)
@@ -21,14 +24,25 @@ here=$PWD/results/tuning/h200-2026-11-28-paired-dq
 base=94dadb2
 ab=(--passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0 --rounds 3 --power)
 quiet() { grep -v -i warn; }
-case "${1:?copies | check | timing | both | d128 | masks}" in
+case "${1:?copies | check | timing | both | d128 | masks | dropout}" in
   copies)
     rm -rf .ab/split && mkdir -p .ab/split \
       && git archive "$base" flashgpt kernels scripts model pyproject.toml | tar -x -C .ab/split
     rm -rf .ab/d128 && mkdir -p .ab/d128 && cp -r flashgpt kernels scripts model pyproject.toml .ab/d128/ \
       && git apply --directory=.ab/d128 "$here/d128_dq_warpgroup.diff"
     rm -rf .ab/masked && mkdir -p .ab/masked && cp -r flashgpt kernels scripts model pyproject.toml .ab/masked/ \
-      && git apply --directory=.ab/masked "$here/masked_dq_warpgroup.diff" ;;
+      && git apply --directory=.ab/masked "$here/masked_dq_warpgroup.diff"
+    rm -rf .ab/dropout && mkdir -p .ab/dropout && cp -r flashgpt kernels scripts model pyproject.toml .ab/dropout/ \
+      && git apply --directory=.ab/dropout "$here/dropout_dq_warpgroup.diff" ;;
+  dropout)
+    [ -d .ab/dropout/kernels ] || { echo "no .ab/dropout: run 'copies' here and carry .ab" >&2; exit 1; }
+    PYTHONPATH=$PWD/.ab/dropout timeout 150 python "$here/check_paired_dq.py" --dropout 0.125 \
+      --out "$OUT/check_paired_dq_dropout.json" 2>&1 | quiet
+    rc=${PIPESTATUS[0]}; echo "check_paired_dq with dropout: rc $rc"; [ "$rc" = 0 ] || exit 1
+    PYTHONPATH=$PWD:$PWD/scripts timeout 200 python scripts/ab_kernels.py --baseline .ab/dropout/kernels \
+      --passes bwd,fwd_bwd --head-dims 64 --seq-lens 4096,8192,16384 --dropout 0.1 --rounds 3 --power \
+      --out "$OUT/ab_fused_vs_dropout_dqwg.json" 2>&1 | quiet | tail -7
+    ;;
   masks)
     [ -d .ab/masked/kernels ] || { echo "no .ab/masked: run 'copies' here and carry .ab" >&2; exit 1; }
     PYTHONPATH=$PWD/.ab/masked timeout 200 python results/tuning/h200-2026-11-27-gluon-blocks/check_masks.py \
