@@ -512,6 +512,7 @@ def gpu_profile(quick: bool, head_dims: Sequence[int]) -> Profile:
         CheckCase(2, 16, 1024, 128, causal=False, packed=True),
         CheckCase(2, 12, 1000, 64, causal=True),  # T not a multiple of any block size
         CheckCase(4, 12, 4096, 64, causal=True, packed=True, samples=3),
+        CheckCase(2, 12, 3000, 64, causal=True, samples=3),  # ragged, through the fused backward's dQ warpgroup
         CheckCase(1, 12, 16384, 64, causal=True, samples=2),
         CheckCase(1, 12, 16384, 64, causal=False, samples=2),
         CheckCase(1, 16, 16384, 128, causal=True, samples=2),
