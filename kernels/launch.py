@@ -266,8 +266,8 @@ def gluon_config(
     tied dense calls there; at D = 64, the forward and the dQ pass at 1K): under documents fwd+bwd ran 1.19x at 1K;
     under block masks the Gluon forward lost there (0.75-0.79x), and they keep the table's choice
     (`results/tuning/h200-2026-11-28-nearest-bucket/`). Masked calls without dropout never take the fused
-    backward: the table lists it without dropout only for dense calls at D = 64, where its two math warpgroups sum
-    dQ before it leaves, and masked ones keep the split passes they were measured faster with."""
+    backward: the table lists it without dropout only for dense calls at D = 64, where a third warpgroup sums its
+    two math warpgroups' dQ, and masked ones keep the split passes they were measured faster with."""
     tensor_masks = documents or block_size is not None
     if kernel_pass == "bwd_fused_hopper" and not dropout and (window or tensor_masks):
         return None  # the table's fused pass without dropout is the dense paired-dQ one (`launch_fused_hopper`)
