@@ -87,6 +87,7 @@ from .flash_bwd_dkdv_hopper import (
     init_ring,
     key_tile_walk,
     query_ring,
+    query_runs,
     query_start,
     seen_tiles,
     store_dk_dv,
@@ -290,7 +291,7 @@ def _consumer(
     if PAIRED:  # the dQ warpgroup's last products, which read this warpgroup's K (whose buffer takes dK), retired
         ds_free = dq_out[5][2]
         DS_STAGES: gl.constexpr = ds_free.shape[0]
-        last = n_tiles - 1 - mine
+        last = seen_end - 1 - mine
         mbarrier.wait(ds_free.index(last % DS_STAGES), (last // DS_STAGES) & 1)
     if DROPOUT:
         dv = dv * consts[3]
@@ -299,11 +300,12 @@ def _consumer(
 
 
 @gluon.jit
-def _dq_warpgroup(shared, start_n, CAUSAL: gl.constexpr):
-    """The dQ of a program of two math warpgroups of 64 keys (dense, no dropout): for each query tile of their walk,
-    once both have put their dSᵀ in shared memory (`ds_ready`), dQ (BLOCK_M, D) = dS₀·K₀ + dS₁·K₁ over the
-    program's 128 keys, sent with one reduce-add: half the reduce traffic of a warpgroup that sends its own, and the
-    math warpgroups wait for nobody but this one, and only when it is DS_STAGES steps behind (`ds_free`)."""
+def _dq_warpgroup(shared, start_n, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr):
+    """The dQ of a program of two math warpgroups of 64 keys: for each query tile of their walk (under a window or
+    documents, from the first either sees to the last), once both have put their dSᵀ in shared memory
+    (`ds_ready`), dQ (BLOCK_M, D) = dS₀·K₀ + dS₁·K₁ over the program's 128 keys, sent with one reduce-add: half the
+    reduce traffic of a warpgroup that sends its own, and the math warpgroups wait for nobody but this one, and
+    only when it is DS_STAGES steps behind (`ds_free`)."""
     kv_ready, ring, dq_out, tiles, consts = shared
     ds_smem, dq_smem, dq_desc, b, h, pair = dq_out
     k_all, ds_ready, ds_free = pair[0], pair[1], pair[2]
@@ -311,22 +313,37 @@ def _dq_warpgroup(shared, start_n, CAUSAL: gl.constexpr):
     BLOCK_M: gl.constexpr = ring[2].shape[1]
     HEAD_DIM: gl.constexpr = ring[2].shape[2]
     KEYS: gl.constexpr = k_all.shape[1]
+    DQ_T: gl.constexpr = BLOCK_M < 64  # a product's rows come in 64s: dQᵀ (D, BLOCK_M) = K₀ᵀ·dS₀ᵀ + K₁ᵀ·dS₁ᵀ
     lo, n_tiles = tiles[0], tiles[1]
-    mine, _ = seen_tiles(start_n, tiles, consts[0], BLOCK_M, 2 * KEYS, CAUSAL)
-    dq_layout: gl.constexpr = mma_layout(gl.num_warps(), HEAD_DIM)
-    zeros = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    if WINDOW or DOCS:  # the math warpgroups' runs (`consumer_runs`), from the first to the last seen
+        mine, _, _, seen_end = query_runs(start_n, tiles, consts, BLOCK_M, 2 * KEYS, WINDOW, DOCS)
+    else:
+        mine, _ = seen_tiles(start_n, tiles, consts[0], BLOCK_M, 2 * KEYS, CAUSAL)
+        seen_end = n_tiles
+    if DQ_T:
+        zeros = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, mma_layout(gl.num_warps(), BLOCK_M))
+    else:
+        zeros = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, mma_layout(gl.num_warps(), HEAD_DIM))
     mbarrier.wait(kv_ready, 0)
-    for step in range(n_tiles - mine):
+    for step in range(seen_end - mine):
         slot = step % DS_STAGES
         mbarrier.wait(ds_ready.index(slot), (step // DS_STAGES) & 1)
-        dq = warpgroup_mma(ds_smem.index(2 * slot).permute((1, 0)), k_all.index(0), zeros, use_acc=False,
-                           is_async=True)  # fmt: skip
-        dq = warpgroup_mma(ds_smem.index(2 * slot + 1).permute((1, 0)), k_all.index(1), dq, is_async=True)
+        if DQ_T:
+            dq = warpgroup_mma(k_all.index(0).permute((1, 0)), ds_smem.index(2 * slot), zeros, use_acc=False,
+                               is_async=True)  # fmt: skip
+            dq = warpgroup_mma(k_all.index(1).permute((1, 0)), ds_smem.index(2 * slot + 1), dq, is_async=True)
+        else:
+            dq = warpgroup_mma(ds_smem.index(2 * slot).permute((1, 0)), k_all.index(0), zeros, use_acc=False,
+                               is_async=True)  # fmt: skip
+            dq = warpgroup_mma(ds_smem.index(2 * slot + 1).permute((1, 0)), k_all.index(1), dq, is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
         mbarrier.arrive(ds_free.index(slot), count=1)
         buf = step % 2
         tma.store_wait(1)  # the reduce-add that read this buffer two steps ago is done
-        dq_smem.index(buf).store(dq)
+        if DQ_T:
+            dq_smem.index(buf).permute((1, 0)).store(dq)
+        else:
+            dq_smem.index(buf).store(dq)
         fence_async_shared()
         reduce_add_head_tile(dq_desc, b, h, lo + (mine + step) * BLOCK_M, dq_smem.index(buf))
     tma.store_wait(0)
@@ -397,7 +414,8 @@ def flash_bwd_fused_hopper_kernel(
     # Both, a program of two math warpgroups whose dQ a third sums: dSᵀ in a ring of DS_STAGES pairs of buffers
     # (ds_ready: both stored; ds_free: the dQ warpgroup's products that read them retired), dQ's source doubled.
     if PAIRED_DQ:
-        gl.static_assert(CONSUMERS == 2 and not DROPOUT and not WINDOW, "a dQ warpgroup: dense, without dropout")
+        gl.static_assert(CONSUMERS == 2 and not SPARSE, "a dQ warpgroup: two math warpgroups, no block mask")
+        gl.static_assert(not (DROPOUT and (WINDOW or DOCS)), "a dQ warpgroup: dropout or a window/documents")
         DS_STAGES: gl.constexpr = 2
         ds_smem = gl.allocate_shared_memory(dtype, [2 * DS_STAGES, KEYS, BLOCK_M], ds_layout)
         ds_ready = gl.allocate_shared_memory(gl.int64, [DS_STAGES, 1], mbarrier.MBarrierLayout())
@@ -433,20 +451,21 @@ def flash_bwd_fused_hopper_kernel(
     tiles = (lo, n_tiles, hi, kept)
     walk = (lo, n_tiles, kept)  # the producer's
     if PAIRED_DQ:
-        gl.static_assert(not (documents[0] is not None or blocks[0] is not None), "a dQ warpgroup: no masks")
+        # registers of the math warpgroups and the dQ warpgroup; the masked walks' bounds take 8 more
+        DQ_WG_REGS: gl.constexpr = (208, 72) if HEAD_DIM > 64 or WINDOW or DOCS else (200, 88)
         dq_out0 = (ds_smem, dq_smem, dq_acc_desc, b, h, (k_smem, ds_ready, ds_free, 0))
         dq_out1 = (ds_smem, dq_smem, dq_acc_desc, b, h, (k_smem, ds_ready, ds_free, 1))
         gl.warp_specialize(
             [
                 (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
-                             start_n, CAUSAL, False, False, False, False)),
+                             start_n, CAUSAL, DROPOUT, WINDOW, DOCS, False)),
                 (_consumer, ((k_smem.index(1), v_smem.index(1)), (kv_ready, ring, dq_out1, tiles, outs, consts),
-                             start_n + KEYS, CAUSAL, False, False, False, False)),
-                (_dq_warpgroup, ((kv_ready, ring, dq_out0, tiles, consts), start_n, CAUSAL)),
+                             start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS, False)),
+                (_dq_warpgroup, ((kv_ready, ring, dq_out0, tiles, consts), start_n, CAUSAL, WINDOW, DOCS)),
                 (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, False)),
             ],
             [4, 4, 1],
-            [200, 88, 24],
+            [DQ_WG_REGS[0], DQ_WG_REGS[1], 24],
         )  # fmt: skip
     elif CONSUMERS == 1:
         dq_out0 = (ds_smem.index(0), dq_smem.index(0), dq_acc_desc, b, h, 0)

@@ -270,7 +270,10 @@ def gluon_config(
     two math warpgroups' dQ, and masked ones keep the split passes they were measured faster with."""
     tensor_masks = documents or block_size is not None
     if kernel_pass == "bwd_fused_hopper" and not dropout and (window or tensor_masks):
-        return None  # the table's fused pass without dropout is the dense paired-dQ one (`launch_fused_hopper`)
+        split_up_to = 8192 if documents else 4096  # the split passes ran as fast or faster up to there
+        if block_size is not None or head_dim > 64 or seq_len <= split_up_to:
+            return None
+        return hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
     cfg = hopper_config(kernel_pass, head_dim, dtype, causal, dropout, seq_len)
     if cfg is None and dropout and head_dim <= 64 and (tensor_masks or (window and kernel_pass != "fwd_hopper")):
         cfg = hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
@@ -303,8 +306,8 @@ def fit_gluon_to_masks(
         cfg = replace(cfg, block_m=64, block_n=64)
     elif (documents or dropout) and kernel_pass == "bwd_dq_hopper":
         cfg = replace(cfg, block_n=64)
-    elif kernel_pass == "bwd_fused_hopper" and cfg.block_n == 64:
-        cfg = replace(cfg, block_m=32, num_stages=4)
+    elif kernel_pass == "bwd_fused_hopper" and (cfg.block_n == 64 or (dropout and head_dim <= 64)):
+        cfg = replace(cfg, block_m=32, block_n=64, num_stages=4)
     if kernel_pass == "fwd_hopper" and cfg.block_m == 64 and head_dim <= 64:
         cfg = replace(cfg, block_n=64, maxnreg=80)
     return cfg if block_size is None else fit_gluon_to_blocks(kernel_pass, cfg, block_size)
@@ -647,6 +650,17 @@ def launch_dkdv_hopper(
     )  # fmt: skip
 
 
+def has_dq_warpgroup(cfg: LaunchConfig, head_dim: int, masks: FlashMask, dropout: bool) -> bool:
+    """Whether the Gluon fused backward at cfg runs a dQ warpgroup (`flash_bwd_fused_hopper._dq_warpgroup`): its two
+    math warpgroups hand their dS to a third, which sums dQ and sends it. On 64 × 128 tiles at D = 64, dense calls
+    and, without dropout, calls under a window or documents; on 32 × 128 tiles at D = 128, dense calls without
+    dropout. Those are the calls it was measured faster for (`results/tuning/h200-2026-11-28-dq-warpgroup-all/`);
+    other calls on these tiles (with dropout at D = 128) keep two warpgroups that each send their own dQ."""
+    if head_dim > 64:
+        return (cfg.block_m, cfg.block_n) == (32, 128) and not masks.any and not dropout
+    return (cfg.block_m, cfg.block_n) == (64, 128) and masks.block_mask is None and not (dropout and masks.any)
+
+
 def launch_fused_hopper(
     q, k, v, do, lse, delta, dk, dv, dq_acc, params: AttentionParams, cfg: LaunchConfig, masks: FlashMask = NO_MASKS
 ) -> Launch:
@@ -658,8 +672,7 @@ def launch_fused_hopper(
     seq_len_k = k.shape[2]
     m, n = cfg.block_m, cfg.block_n
     first = heads_fastest("bwd_fused_hopper", masks)
-    # At D = 64, the two math warpgroups of a dense call without dropout hand their dS to a third, which sums dQ.
-    paired = head_dim == 64 and n == 128 and m == 64 and not masks.any and not params.dropout
+    paired = has_dq_warpgroup(cfg, head_dim, masks, params.dropout)
     return _launch(
         flash_bwd_fused_hopper_kernel, gluon_grid(_cdiv(seq_len_k, n), batch * heads, first), head_descriptor(q, m),
         head_descriptor(k, 64), head_descriptor(v, 64), head_descriptor(do, m), lse, delta, head_descriptor(dk, 64),

@@ -23,7 +23,8 @@ CASES = {  # kernel_sass.py's arguments
     "D64 4K dropout documents": "--head-dim 64 --seq-len 4096 --dropout 0.1 --mask documents "
     "--passes fwd,bwd_dq,bwd_dkdv,bwd_fused",
     "D128 16K blocks": "--head-dim 128 --seq-len 16384 --mask blocks --passes fwd,bwd_dq,bwd_dkdv",
-    "D128 4K Gluon": "--head-dim 128 --seq-len 4096 --passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
+    "D128 4K Gluon": "--head-dim 128 --seq-len 4096 "
+    "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",  # the fused one with a dQ warpgroup
     "D64 8K Gluon dK/dV": "--head-dim 64 --seq-len 8192 --passes bwd_dkdv_hopper",  # three math warpgroups
     "D64 4K Gluon dropout": "--head-dim 64 --seq-len 4096 --dropout 0.1 "
     "--passes bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
@@ -31,11 +32,11 @@ CASES = {  # kernel_sass.py's arguments
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
     "D128 16K Gluon dropout forward": "--head-dim 128 --seq-len 16384 --dropout 0.1 --passes fwd_hopper",
     "D64 8K Gluon window": "--head-dim 64 --seq-len 8192 --mask window "
-    "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
+    "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
     "D128 4K Gluon window dropout": "--head-dim 128 --seq-len 4096 --mask window --dropout 0.1 "
     "--passes bwd_dq_hopper,bwd_dkdv_hopper",
     "D64 16K Gluon documents": "--head-dim 64 --seq-len 16384 --mask documents "
-    "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
+    "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
     "D64 8K Gluon blocks": "--head-dim 64 --seq-len 8192 --mask blocks "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
     "D128 4K Gluon documents": "--head-dim 128 --seq-len 4096 --mask documents "
@@ -53,22 +54,23 @@ CASES = {  # kernel_sass.py's arguments
 # pass at D = 128 stores a few addresses before its walk and reloads them after it, never inside it; with dropout
 # (the mask's counters and stream beside dK and dV) it reloads one word a query tile inside the walk, at both head
 # dims (results/tuning/h200-2026-11-27-dkdv-dropout/). The Gluon dQ pass with dropout at D = 64 keeps two words
-# across its walk, and so does the Gluon fused backward with dropout. Under a sliding window the dK/dV pass keeps
-# the bounds of its runs (stored before the walk, reloaded after each loop, never inside one). At D = 128 under
-# documents it spills inside its walk too (80 bytes, unmeasured: the next thing to look at there). The Gluon fused
-# backward under masks at D = 64 runs 32-query tiles, on which it spills nothing (on 64-query tiles its masked steps
-# spilled 112-176 bytes: results/tuning/h200-2026-11-27-masked-dropout/).
+# across its walk. Under a sliding window the dK/dV pass keeps the bounds of its runs (stored before the walk,
+# reloaded after each loop, never inside one). At D = 128 under documents it spills inside its walk too (80 bytes,
+# unmeasured: the next thing to look at there). The Gluon fused backward with a dQ warpgroup takes 24 bytes under
+# documents (at 64K it still ran 1.10x the split passes: results/tuning/h200-2026-11-28-dq-warpgroup-all/); with
+# dropout under masks it runs one math warpgroup on 32-query tiles, on which it spills nothing (on 64-query tiles its
+# masked steps spilled 112-176 bytes: results/tuning/h200-2026-11-27-masked-dropout/).
 KNOWN_SPILLS = {
     ("D64 4K dropout documents", "bwd_fused"): 72,
     ("D128 16K blocks", "bwd_dkdv"): 16,
     ("D128 4K Gluon", "bwd_dkdv_hopper"): 24,  # two warpgroups at 248 and 232: addresses kept across the walk
     ("D64 4K Gluon dropout", "bwd_dq_hopper"): 8,
     ("D64 4K Gluon dropout", "bwd_dkdv_hopper"): 8,
-    ("D64 4K Gluon dropout", "bwd_fused_hopper"): 8,
     ("D128 4K Gluon dropout", "bwd_dkdv_hopper"): 16,
     ("D64 8K Gluon window", "bwd_dkdv_hopper"): 24,
     ("D128 4K Gluon window dropout", "bwd_dkdv_hopper"): 24,
     ("D128 4K Gluon documents", "bwd_dkdv_hopper"): 80,
+    ("D64 16K Gluon documents", "bwd_fused_hopper"): 24,
     ("D128 16K Gluon dropout forward", "fwd_hopper"): 8,  # 128 x 128 tiles with the mask's draws: one word
 }
 

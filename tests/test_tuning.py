@@ -233,15 +233,16 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
         dropout = gpt2_dropout > 0
         for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=True, dropout=dropout)
         for_window = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=False, dropout=dropout)
-        # The fused backward of one math warpgroup takes 32-query tiles with four stages (on 64 it spills).
+        # The fused backward takes one math warpgroup's 32-query tiles with four stages under masks with dropout
+        # (on 64 it spills).
         rows, keys, maxnreg = expected.block_m, expected.block_n, expected.maxnreg
         stages = expected.num_stages
         if kernel_pass == "fwd_hopper":
             rows, keys, maxnreg = 64, 64, 80
         if kernel_pass == "bwd_dkdv_hopper" and keys == 192:
             rows, keys = 64, 64
-        if kernel_pass == "bwd_fused_hopper" and keys == 64:
-            rows, stages = 32, 4
+        if kernel_pass == "bwd_fused_hopper" and (keys == 64 or dropout):
+            rows, keys, stages = 32, 64, 4
         fitted = dict(block_m=rows, block_n=keys, maxnreg=maxnreg, num_stages=stages)
         assert for_window == replace(expected, **fitted)
         fitted["block_n"] = 64 if kernel_pass == "bwd_dq_hopper" else keys
@@ -283,8 +284,8 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     also those it lists only without dropout, without dropout also those it lists only at another T
     (`launch.gluon_config`), as masks fit them (the forward's 192 rows drop
     to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys drop to 64 x 64; under documents or with
-    dropout the dQ pass takes 64-key tiles; the fused pass's 64 keys take 32-query tiles, and without dropout masked
-    calls never take the fused pass), and none for a call the
+    dropout the dQ pass takes 64-key tiles; with dropout the fused pass takes 32 × 64 tiles, and without it the
+    table's 64 × 128 from 16K under documents, with a dQ warpgroup), and none for a call the
     Gluon passes never take (not causal, fp32) or that has no schedule to build."""
     from dataclasses import replace
 
@@ -299,15 +300,15 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
                 cfg = hopper_config(name, 64, "bfloat16", True, False, seq_len)
             if name and cfg is None and not dropout:
                 cfg = nearest_hopper_config(name, 64, "bfloat16", True, False, seq_len)
-            if name == "bwd_fused_hopper" and not dropout:
-                cfg = None  # without dropout the table's fused pass is for dense calls only
+            if name == "bwd_fused_hopper" and not dropout and seq_len <= 8192:
+                cfg = None  # under documents, the split passes up to 8K
             if cfg is not None:
                 rows = 64 if name == "fwd_hopper" else cfg.block_m
                 keys = 64 if name == "fwd_hopper" or name == "bwd_dq_hopper" else cfg.block_n
                 if name == "bwd_dkdv_hopper" and keys == 192:
                     rows, keys = 64, 64
-                if name == "bwd_fused_hopper" and keys == 64:
-                    rows = 32
+                if name == "bwd_fused_hopper" and dropout:
+                    rows, keys = 32, 64
                 tiles.append(tile_key(name, replace(cfg, block_m=rows, block_n=keys)))
         return tuple(tiles)
 
@@ -374,29 +375,71 @@ def test_masked_calls_without_dropout_take_a_gluon_pass_the_table_lists_only_at_
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_masked_calls_take_the_gluon_backward_that_the_table_lists_for_dense_ones(monkeypatch, dropout):
-    """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64 at 16K, under a sliding window (which the
-    Gluon passes take without a schedule) and without masks: with dropout the Gluon fused backward, which draws each
-    dropout decision once (under masks on 32-query tiles); without dropout the fused backward whose two math
-    warpgroups sum dQ (64 x 128) for the dense call, and the Gluon split passes under the window."""
+    """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64, under a sliding window (which the Gluon
+    passes take without a schedule) and without masks: the Gluon fused backward on the table's 64 x 128 tiles for the
+    dense call, with or without dropout; under the window with dropout on 32 x 64 tiles, without dropout on the
+    table's tiles from 8K and the split passes up to 4K (`launch.gluon_config`); deterministic calls the split
+    passes."""
     from dataclasses import replace
 
     from flashgpt.kernels import attention_op, launch
 
     monkeypatch.setattr(launch, "is_hopper", lambda device: True)
     monkeypatch.setattr(launch, "interpreting", lambda: False)
-    q, k, v, o, do = (torch.zeros(1, 2, 16384, 64, dtype=torch.bfloat16) for _ in range(5))
     params = launch.AttentionParams(True, dropout, 0.125)
-    fused_hopper = hopper_config("bwd_fused_hopper", 64, "bfloat16", True, dropout > 0, 16384)
-    assert (fused_hopper.block_m, fused_hopper.block_n) == ((64, 64) if dropout else (64, 128))
     window = replace(launch.NO_MASKS, window_size=1024)
-    masked, dense = (attention_op._backward_schedule(q, k, v, o, do, params, masks, False)
-                     for masks in (window, launch.NO_MASKS))  # fmt: skip
-    assert dense == (fused_hopper, True)
-    if dropout:  # under masks on 32-query tiles (`launch.fit_gluon_to_masks`)
-        assert masked == (replace(fused_hopper, block_m=32, num_stages=4), True)
-    else:
-        assert masked == (None, False)
-    assert attention_op._backward_schedule(q, k, v, o, do, params, window, True) == (None, False)  # deterministic
+    for seq_len in (4096, 16384):
+        q, k, v, o, do = (torch.zeros(1, 2, seq_len, 64, dtype=torch.bfloat16) for _ in range(5))
+        fused_hopper = hopper_config("bwd_fused_hopper", 64, "bfloat16", True, dropout > 0, seq_len)
+        assert (fused_hopper.block_m, fused_hopper.block_n) == (64, 128)
+        masked, dense = (attention_op._backward_schedule(q, k, v, o, do, params, masks, False)
+                         for masks in (window, launch.NO_MASKS))  # fmt: skip
+        assert dense == (fused_hopper, True)
+        if dropout:  # one math warpgroup on 32-query tiles (`launch.fit_gluon_to_masks`)
+            assert masked == (replace(fused_hopper, block_m=32, block_n=64, num_stages=4), True)
+        else:
+            assert masked == ((fused_hopper, True) if seq_len > 4096 else (None, False))
+        assert attention_op._backward_schedule(q, k, v, o, do, params, window, True) == (None, False)
+
+
+def test_the_fused_backward_runs_a_dq_warpgroup_for_the_calls_it_was_measured_faster_for():
+    """`launch.has_dq_warpgroup`: on 64 x 128 tiles at D = 64 for dense calls with or without dropout and for calls
+    under a window or documents without dropout; on 32 x 128 tiles at D = 128 for dense calls without dropout; never
+    under a block mask nor on other tiles. Every configuration the table lists for the fused pass on those tiles
+    (dense) gets one, except D = 128 with dropout."""
+    from dataclasses import replace
+
+    from flashgpt.kernels import launch
+
+    d64, d128 = LaunchConfig(64, 128, 4, 2, True, 128), LaunchConfig(32, 128, 4, 4, True, 128)
+    window = replace(launch.NO_MASKS, window_size=1024)
+    documents = replace(launch.NO_MASKS, document_ids=torch.zeros(1, 4096, dtype=torch.int32))
+    blocks = replace(launch.NO_MASKS, block_mask=torch.ones(1, 32, 32, dtype=torch.bool), block_size=128)
+    expected = {  # (tiles, head dim, masks, dropout): has one
+        (d64, 64, launch.NO_MASKS, False): True,
+        (d64, 64, launch.NO_MASKS, True): True,
+        (d64, 64, window, False): True,
+        (d64, 64, documents, False): True,
+        (d64, 64, window, True): False,
+        (d64, 64, documents, True): False,
+        (d64, 64, blocks, False): False,
+        (replace(d64, block_n=64), 64, launch.NO_MASKS, False): False,
+        (replace(d64, block_m=32, block_n=64), 64, window, True): False,
+        (d128, 128, launch.NO_MASKS, False): True,
+        (d128, 128, launch.NO_MASKS, True): False,
+        (d128, 128, window, False): False,
+        (d64, 128, launch.NO_MASKS, False): False,
+    }
+    for (cfg, head_dim, masks, dropout), has_one in expected.items():
+        assert launch.has_dq_warpgroup(cfg, head_dim, masks, dropout) == has_one, (cfg, head_dim, masks, dropout)
+    for key, cfg in _tuned_file()["bwd_fused_hopper"].items():
+        _, d, _, _, drop, _ = key.split("/")
+        head_dim, dropout = int(d[1:]), drop == "drop"
+        tiles = (cfg["block_m"], cfg["block_n"])
+        on_its_tiles = tiles == ((64, 128) if head_dim == 64 else (32, 128))
+        assert launch.has_dq_warpgroup(LaunchConfig(**cfg), head_dim, launch.NO_MASKS, dropout) == (
+            on_its_tiles and not (head_dim == 128 and dropout)
+        ), key
 
 
 def test_only_a_d64_masked_forward_takes_three_programs_an_sm():
