@@ -25,8 +25,9 @@ dQᵀ (D, 32) = Kᵀ·dSᵀ, so that its accumulator takes 32 registers (a produ
 stores that put it there, ptxas serialised every product of the kernel, C7512). Under masks at D = 64 the pass
 also runs 32-query tiles, dQ transposed the same way: on 64-query tiles the masked steps spill.
 
-D = 64 without dropout or masks, **a dQ warpgroup** (`_dq_warpgroup`; 64 × 128 tiles, `launch_fused_hopper`'s
-PAIRED_DQ): the two math warpgroups walk the program's query tiles in step and, rather than each sending its own
+**A dQ warpgroup** (`_dq_warpgroup`; PAIRED_DQ, `launch.has_dq_warpgroup`: at D = 64 on 64 × 128 tiles, dense calls
+and, without dropout, calls under a window or documents; at D = 128 on 32 × 128 tiles, dense calls without dropout,
+dQᵀ as above): the two math warpgroups walk the program's query tiles in step and, rather than each sending its own
 dS·K, hand their dSᵀ to a third warpgroup through a ring of shared buffers; it computes the tile's dQ over the
 program's 128 keys, dS₀·K₀ + dS₁·K₁, and sends it with one reduce-add:
 
@@ -35,12 +36,18 @@ program's 128 keys, dS₀·K₀ + dS₁·K₁, and sends it with one reduce-add:
 
 Per key, each step sends half the fp32 traffic of a one-warpgroup program, and shares each Q/dO tile between two
 warpgroups; a math warpgroup waits for nobody but the dQ warpgroup, and only when it is two steps behind. At the
-GPU's power limit that is what wins: fewer joules a backward. Against the split backward (7 products, no reduce)
-the backward ran 1.03× faster at 4K, 1.04–1.07× at 8K and 1.07–1.11× at 16K, with 3–9% less energy a call; at
-1K–2K it lost (0.94–0.98×) and the table keeps the split backward there. Registers: 200 for each math warpgroup,
-88 for the dQ one (maxnreg 128 over 16 warps). Before it, two math warpgroups that summed dQ themselves, the owner
+GPU's power limit that is what wins: fewer joules a backward. Against the split backward (7 products, no reduce) the
+backward at D = 64 ran 1.03× faster at 4K, 1.04–1.07× at 8K and 1.07–1.11× at 16K, with 3–9% less energy a call; at
+1K–2K it lost (0.94–0.98×) and the table keeps the split backward there. At D = 128: 1.00× at 4K, 1.04× at 8K,
+1.06–1.07× at 16K. With dropout at D = 64, against one math warpgroup of 64 keys that sends its own dQ: 1.02–1.03×
+at 4K, 1.08× at 8K, 1.11× at 16K. Without dropout under a 4K window, 1.12× at 8K and 16K and 1.16× at 64K against
+the split passes; under a 1K window 0.98–1.05×; under documents 0.87× at 4K, 0.95× at 8K, 1.00× at 16K and 1.13× at
+64K, so masked calls take it from 8K (a window) and 16K (documents), `launch.gluon_config`. Registers: 200 for each
+math warpgroup and 88 for the dQ one at D = 64, 208 and 72 at D = 128 and under masks (maxnreg 128 over 16 warps);
+under documents it keeps 24 bytes on the stack. Before it, two math warpgroups that summed dQ themselves, the owner
 alternating step by step, tied the split backward (1.00× at 16K, 0.98× at 8K): each waited for the other every
-second step (`results/tuning/h200-2026-11-28-paired-dq/`, `../h200-2026-11-28-fused-reduce/`).
+second step (`results/tuning/h200-2026-11-28-paired-dq/`, `../h200-2026-11-28-fused-reduce/`,
+`../h200-2026-11-28-dq-warpgroup-all/`).
 
 - The reduce-add is Hopper's `cp.reduce.async.bulk.tensor.add` (`gluon_common.reduce_add_head_tile`): one bulk
   operation a tile, not 64 · D element-wise atomics. Sums land in an order that varies between runs, so
@@ -61,7 +68,7 @@ Under masks, fwd+bwd against the split backward: at D = 64 and 16K 1.07-1.16× o
 64-query tiles the masked steps spill 112-176 bytes, and it ran 0.99-1.07×), 1.16× under documents at 64K; at
 D = 128 1.04-1.11× (`results/tuning/h200-2026-11-27-masked-dropout/`). Without dropout, one warpgroup's own
 reduce-add costs more than the split backward's two extra products (by up to 7% at D = 64 and 7-13% at D = 128),
-so the table takes this pass without dropout only for the dQ warpgroup's dense calls at D = 64 from 4K.
+so the table takes this pass without dropout only with a dQ warpgroup, from 4K.
 
 Dense or masked, bf16 or fp16, Tq ≤ Tk (causal: aligned to the bottom right), any T; the tensors must suit tensor
 descriptors (`launch.hopper_launch_config` checks) and dQ_acc (B, H, Tq, D) fp32 is contiguous and zeroed
@@ -383,7 +390,8 @@ def flash_bwd_fused_hopper_kernel(
 ):
     """dK, dV (B, H, Tk, D) of a key tile (64 · CONSUMERS keys) of a head (`tile_and_head`), and its share of
     dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ; with
-    PAIRED_DQ (two math warpgroups, dense, no dropout) a third warpgroup sums and sends their dQ (`_dq_warpgroup`).
+    PAIRED_DQ (two math warpgroups; no block mask; not both dropout and a window or documents) a third warpgroup
+    sums and sends their dQ (`_dq_warpgroup`).
     Descriptors as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of
     (1, 1, 64, D)), and dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`). Masks as the
     dK/dV pass takes them (`flash_bwd_dkdv_hopper_kernel`): with CAUSAL, WINDOW (a sliding window of window_size

@@ -265,9 +265,11 @@ def gluon_config(
     the configuration of the nearest length the table lists where it lists none for theirs (the Triton pass won or
     tied dense calls there; at D = 64, the forward and the dQ pass at 1K): under documents fwd+bwd ran 1.19x at 1K;
     under block masks the Gluon forward lost there (0.75-0.79x), and they keep the table's choice
-    (`results/tuning/h200-2026-11-28-nearest-bucket/`). Masked calls without dropout never take the fused
-    backward: the table lists it without dropout only for dense calls at D = 64, where a third warpgroup sums its
-    two math warpgroups' dQ, and masked ones keep the split passes they were measured faster with."""
+    (`results/tuning/h200-2026-11-28-nearest-bucket/`). Without dropout the table lists the fused backward only
+    with a dQ warpgroup (`has_dq_warpgroup`); masked calls take it at D = 64 only where it measured faster than the
+    split passes, past 4K under a window and past 8K under documents (0.87x at 4K and 0.95x at 8K under documents,
+    1.12-1.16x from 8K under a 4K window: `results/tuning/h200-2026-11-28-dq-warpgroup-all/`), never under a block
+    mask."""
     tensor_masks = documents or block_size is not None
     if kernel_pass == "bwd_fused_hopper" and not dropout and (window or tensor_masks):
         split_up_to = 8192 if documents else 4096  # the split passes ran as fast or faster up to there
@@ -292,9 +294,10 @@ def fit_gluon_to_masks(
     since a taller tile spans more of the masks' edges, each costing it whole tiles; under documents, and with
     dropout under every mask, the dQ pass takes 64-key tiles (with dropout 64 × 128 spills 240 bytes, and at 4K
     under a block mask the 64-key pass ran 1.12x faster); under a block mask, tiles that its blocks hold whole
-    (`fit_gluon_to_blocks`). The fused backward of one math warpgroup (D ≤ 64) takes 32-query tiles with four
-    stages: on 64-query tiles its masked steps spill 112-176 bytes, on 32 none (fwd+bwd 1.05-1.11x at 16K under
-    every mask with dropout, 1.04x under documents at 64K; dense, the 64-query tiles stay 1.06x faster:
+    (`fit_gluon_to_blocks`). The fused backward with dropout at D ≤ 64 takes one math warpgroup's 32 × 64 tiles
+    with four stages (dense calls run 64 × 128 with a dQ warpgroup from 4K): on 64-query tiles its masked steps
+    spill 112-176 bytes, on 32 none (fwd+bwd 1.05-1.11x at 16K under every mask with dropout, 1.04x under
+    documents at 64K against 64 × 64 tiles; dense, the 64-query tiles stay 1.06x faster:
     `results/tuning/h200-2026-11-27-masked-dropout/`). A forward of one math warpgroup at D ≤ 64 takes 64 × 64 tiles
     at maxnreg 80, which fit three programs an SM instead of two: masked walks are short, and a third program's walk
     covers the others' prologues and epilogues (forward 1.07-1.10x at 16K under every mask, 1.24-1.31x at 4K, 1.18x
