@@ -140,8 +140,8 @@ _TILE_UNITS = {
     "bwd_fused_hopper": lambda cfg: (32, 64),
 }
 _WARPGROUP_ROWS = {"fwd_hopper": "block_m", "bwd_dkdv_hopper": "block_n", "bwd_fused_hopper": "block_n"}
-# The dropout at which a pass runs GPT-2's head dim at 16K: the fused Gluon backward only with dropout, where it
-# draws each number once (without, the split backward is faster).
+# The dropout at which these tests run each pass at GPT-2's head dim and 16K: the fused Gluon backward with dropout,
+# the call whose tiles masks change most (without dropout it takes dense calls too, with a dQ warpgroup).
 _GPT2_DROPOUT = {"bwd_fused_hopper": 0.1}
 
 
