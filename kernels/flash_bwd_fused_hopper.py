@@ -459,7 +459,7 @@ def flash_bwd_fused_hopper_kernel(
     tiles = (lo, n_tiles, hi, kept)
     walk = (lo, n_tiles, kept)  # the producer's
     if PAIRED_DQ:
-        # registers of the math warpgroups and the dQ warpgroup: 8 more for D = 128's and the masked walks' bounds
+        # registers of the math warpgroups and the dQ warpgroup: 8 more at D = 128, and for the masked walks' bounds
         DQ_WG_REGS: gl.constexpr = (208, 72) if HEAD_DIM > 64 or WINDOW or DOCS else (200, 88)
         dq_out0 = (ds_smem, dq_smem, dq_acc_desc, b, h, (k_smem, ds_ready, ds_free, 0))
         dq_out1 = (ds_smem, dq_smem, dq_acc_desc, b, h, (k_smem, ds_ready, ds_free, 1))
