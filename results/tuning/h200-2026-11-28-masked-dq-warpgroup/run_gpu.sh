@@ -14,6 +14,8 @@
 #   bash .../run_gpu.sh blocks     # A/B, block masks without dropout, both orientations (~5 min)
 #   bash .../run_gpu.sh dropout a  # A/B, every mask with dropout 0.1, the variant as A (~5 min); `dropout b`: as B
 #   bash .../run_gpu.sh probe      # the 1K dropout intermittent: 8 processes of short_dropout_host_probe.py (~2 min)
+#   bash .../run_gpu.sh masks      # the tree's masks against FlexAttention at 4K, 16K (checked) and 64K, for the
+#       README (~6 min; after a variant is kept, in the tree)
 set -uo pipefail
 OUT=${OUT:-/tmp/masked-dq-warpgroup}
 mkdir -p "$OUT"
@@ -34,7 +36,7 @@ ab() {  # variant, orientation (a: the variant as A), masks, dropout, out
       --masks "$3" --rounds 3 --power --out "$OUT/$5" 2>&1 | quiet | tail -19
   fi
 }
-case "${1:?copies | check | blocks | dropout a|b | probe}" in
+case "${1:?copies | check | blocks | dropout a|b | probe | masks}" in
   copies)
     rm -rf .ab && variant blocks blocks_dq_warpgroup.diff && variant maskdrop masked_dropout_dq_warpgroup.diff ;;
   check)
@@ -52,5 +54,10 @@ case "${1:?copies | check | blocks | dropout a|b | probe}" in
       PYTHONPATH=$PWD timeout 60 python "$here/short_dropout_host_probe.py" --out "$OUT/probe_$i.json" 2>&1 \
         | quiet | tail -1
     done ;;
+  masks)
+    PYTHONPATH=$PWD timeout 330 python scripts/bench_masks.py --seq-lens 4096,16384 --out "$OUT/bench_masks.json" \
+      2>&1 | quiet | tail -30
+    PYTHONPATH=$PWD timeout 240 python scripts/bench_masks.py --seq-lens 65536 --no-check \
+      --out "$OUT/bench_masks_64k.json" 2>&1 | quiet | tail -20 ;;
   *) echo "unknown part $1" >&2; exit 2 ;;
 esac
