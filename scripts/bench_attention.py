@@ -524,6 +524,7 @@ def gpu_profile(quick: bool, head_dims: Sequence[int]) -> Profile:
         CheckCase(1, 2, 1000, 64, causal=True),
         CheckCase(2, 4, 2048, 64, causal=True),  # the Gluon fused backward with dropout (deterministic: dQ, dK/dV)
         CheckCase(1, 4, 2048, 128, causal=True, packed=True),  # the same at D = 128, on packed qkv
+        CheckCase(1, 4, 4000, 64, causal=True),  # ragged, through the fused backward's dQ warpgroup with dropout
     ]
     extra_cases, extra_dropout = _extra_head_dim_cases(head_dims, 1024, 8)
     return Profile(

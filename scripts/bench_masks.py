@@ -19,8 +19,9 @@ Masks are built once per case, outside the timing, for both: `flash_mask` (the t
 fwd+bwd (a loop that never waits for the GPU): where it nears fwd_bwd_ms, the call is bound by the host.
 
 Before timing, every mask is checked on fresh random inputs against an fp32 PyTorch reference that applies
-`dense_mask` (ours and FlexAttention: o, dq, dk, dv), and with dropout against the reference under the kernel's
-own keep-mask (recovered with q = k = 0 and one-hot v).
+`dense_mask` (ours and FlexAttention: o, dq, dk, dv; on the GPU at 4K, and ours again at 16K, where masked calls take
+other passes), and with dropout against the reference under the kernel's own keep-mask (recovered with q = k = 0
+and one-hot v).
 
     python scripts/bench_masks.py --out $OUT                   # GPU: checks, then T = 4K, 16K, 64K
     python scripts/bench_masks.py --seq-lens 65536 --out $OUT  # one T
@@ -76,6 +77,9 @@ class Profile:
     block_size: int
     check_seq_len: int  # the T of the correctness checks (windows and documents scale with it)
     dropout_check_seq_len: int  # recovering the keep-mask costs T / D calls
+    # A second T for the checks without dropout, past 8K: masked calls there take the fused backward's dQ
+    # warpgroup on a Hopper GPU (`launch.gluon_config`), which check_seq_len does not reach. None: no second T.
+    long_check_seq_len: int | None = None
 
     def window(self, name: str, seq_len: int) -> int:
         """window_1k / window_4k, scaled down with T on the CPU so that the window is narrower than T."""
@@ -239,9 +243,9 @@ def _reference_grads(q, k, v, visible, do, keep=None, p=0.0) -> dict[str, Tensor
     return {"o": o.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2], "do": do}
 
 
-def check_mask(name: str, profile: Profile, with_flex: bool) -> dict:
+def check_mask(name: str, seq_len: int, profile: Profile, with_flex: bool) -> dict:
     """Ours (and FlexAttention) against the fp32 reference, B = 2 (documents differ per batch element)."""
-    seq_len, batch = profile.check_seq_len, 2
+    batch = 2
     case = build_case(name, seq_len, batch, profile)
     q, k, v = _inputs(batch, seq_len, profile)
     visible = dense_mask(seq_len, seq_len, causal=True, device=profile.device, **case.flash_kwargs)
@@ -294,7 +298,10 @@ def _guarded(label: str, fn: Callable[[], dict]) -> dict:
 
 def run_checks(masks: Sequence[str], profile: Profile, with_flex: bool) -> dict:
     torch.set_float32_matmul_precision("highest")  # the reference must be real fp32, not tf32
-    results = [_guarded(f"{m} T={profile.check_seq_len}", lambda m=m: check_mask(m, profile, with_flex)) for m in masks]
+    seq_len, long = profile.check_seq_len, profile.long_check_seq_len
+    results = [_guarded(f"{m} T={seq_len}", lambda m=m: check_mask(m, seq_len, profile, with_flex)) for m in masks]
+    if long is not None:  # ours only: FlexAttention's check at check_seq_len suffices
+        results += [_guarded(f"{m} T={long}", lambda m=m: check_mask(m, long, profile, False)) for m in masks]
     results += [
         _guarded(f"{m} dropout {DROPOUT} T={profile.dropout_check_seq_len}", lambda m=m: check_dropout(m, profile))
         for m in masks
@@ -457,7 +464,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cuda:  # triton reads it once, when the kernels are defined: before anything imports them
         os.environ.setdefault("TRITON_INTERPRET", "1")
     profile = (
-        Profile("cuda", torch.bfloat16, block_size=128, check_seq_len=4096, dropout_check_seq_len=1024)
+        Profile(
+            "cuda",
+            torch.bfloat16,
+            block_size=128,
+            check_seq_len=4096,
+            dropout_check_seq_len=1024,
+            long_check_seq_len=16384,
+        )
         if cuda
         else Profile("cpu", torch.float32, block_size=32, check_seq_len=160, dropout_check_seq_len=96)
     )
