@@ -11,7 +11,7 @@
 # here and the calls carry them (carry [".ab"]).
 #   bash results/tuning/h200-2026-11-28-masked-dq-warpgroup/run_gpu.sh copies
 #   bash .../run_gpu.sh check      # check_masks.py and bench_masks.py --check-only through the second variant (it
-#       holds the first) (~4 min)
+#       holds the first), then the tree's bench_attention.py --check-only (~7 min)
 #   bash .../run_gpu.sh blocks     # A/B, block masks without dropout, both orientations (~5 min)
 #   bash .../run_gpu.sh dropout a  # A/B, every mask with dropout 0.1, the variant as A (~5 min); `dropout b`: as B
 #   bash .../run_gpu.sh probe      # the 1K dropout intermittent: 8 processes of short_dropout_host_probe.py (~2 min)
@@ -46,7 +46,10 @@ case "${1:?copies | check | blocks | dropout a|b | probe | masks}" in
     echo "check_masks: rc ${PIPESTATUS[0]}"
     PYTHONPATH=$PWD/.ab/maskdrop timeout 300 python .ab/maskdrop/scripts/bench_masks.py --check-only \
       --out "$OUT/check_bench_masks.json" 2>&1 | quiet | grep -v "^check .*: ok" | tail -6
-    echo "bench_masks --check-only (4K, 16K; dropout at 1K): rc ${PIPESTATUS[0]}" ;;
+    echo "bench_masks --check-only (4K, 16K; dropout at 1K): rc ${PIPESTATUS[0]}"
+    PYTHONPATH=$PWD timeout 240 python scripts/bench_attention.py --check-only --out "$OUT/check_attention.json" 2>&1 \
+      | quiet | grep -v "^check .*: ok" | tail -5
+    echo "bench_attention --check-only (the tree; its ragged 4K dropout case is new): rc ${PIPESTATUS[0]}" ;;
   blocks)
     ab blocks a local_global,strided,butterfly 0 ab_blocks_as_a.json
     ab blocks b local_global,strided,butterfly 0 ab_blocks_as_b.json ;;
