@@ -346,11 +346,8 @@ def consumer_runs(
 @gluon.jit
 def skip_unseen_tiles(start_n, tiles, shift, ring, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """`seen_tiles`, and the tiles below `mine` handed back unread."""
-    STAGES: gl.constexpr = ring[2].shape[0]
     mine, masked_end = seen_tiles(start_n, tiles, shift, ring[2].shape[1], BLOCK_N, CAUSAL)
-    for tile in range(mine):
-        mbarrier.wait(ring[0].index(tile % STAGES), (tile // STAGES) & 1)
-        mbarrier.arrive(ring[1].index(tile % STAGES), count=1)
+    hand_back(ring, 0, mine)
     return mine, masked_end
 
 
