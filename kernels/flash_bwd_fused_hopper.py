@@ -25,29 +25,31 @@ dQᵀ (D, 32) = Kᵀ·dSᵀ, so that its accumulator takes 32 registers (a produ
 stores that put it there, ptxas serialised every product of the kernel, C7512). Under masks at D = 64 the pass
 also runs 32-query tiles, dQ transposed the same way: on 64-query tiles the masked steps spill.
 
-**A dQ warpgroup** (`_dq_warpgroup`; PAIRED_DQ, `launch.has_dq_warpgroup`: at D = 64 on 64 × 128 tiles, dense calls
-and, without dropout, calls under a window or documents; at D = 128 on 32 × 128 tiles, dense calls without dropout,
-dQᵀ as above): the two math warpgroups walk the program's query tiles in step and, rather than each sending its own
-dS·K, hand their dSᵀ to a third warpgroup through a ring of shared buffers; it computes the tile's dQ over the
-program's 128 keys, dS₀·K₀ + dS₁·K₁, and sends it with one reduce-add:
+**A dQ warpgroup** (`_dq_warpgroup`; PAIRED_DQ, `launch.has_dq_warpgroup`: at D = 64 on 64 × 128 tiles, dense calls and
+masked calls without dropout, and on 32 × 128 tiles masked calls with dropout; at D = 128 on 32 × 128 tiles, dense calls
+without dropout; on 32-query tiles dQᵀ as above): the two math warpgroups walk the program's query tiles in step and,
+rather than each sending its own dS·K, hand their dSᵀ to a third warpgroup through a ring of shared buffers; it computes
+the tile's dQ over the program's 128 keys, dS₀·K₀ + dS₁·K₁, and sends it with one reduce-add:
 
     math warpgroup w:  … dSᵀ_j → buffer (j mod 2, w), arrive ds_ready │ issue dK_j (dSᵀ from that buffer) │ next tile
     dQ warpgroup:      wait ds_ready_j │ dQ_j = dS₀·K₀ + dS₁·K₁ │ arrive ds_free_j │ dQ_j → TMA reduce-add
 
 Per key, each step sends half the fp32 traffic of a one-warpgroup program, and shares each Q/dO tile between two
-warpgroups; a math warpgroup waits for nobody but the dQ warpgroup, and only when it is two steps behind. At the
-GPU's power limit that is what wins: fewer joules a backward. Against the split backward (7 products, no reduce) the
-backward at D = 64 ran 1.03× faster at 4K, 1.04–1.07× at 8K and 1.07–1.11× at 16K, with 3–9% less energy a call; at
-1K–2K it lost (0.94–0.98×) and the table keeps the split backward there. At D = 128: 1.00× at 4K, 1.04× at 8K,
-1.06–1.07× at 16K. With dropout at D = 64, against one math warpgroup of 64 keys that sends its own dQ: 1.02–1.03×
-at 4K, 1.08× at 8K, 1.11× at 16K. Without dropout under a 4K window, 1.12× at 8K and 16K and 1.16× at 64K against
-the split passes; under a 1K window 0.98–1.05×; under documents 0.87× at 4K, 0.95× at 8K, 1.00× at 16K and 1.13× at
-64K, so masked calls take it from 8K (a window) and 16K (documents), `launch.gluon_config`. Registers: 200 for each
-math warpgroup and 88 for the dQ one at D = 64, 208 and 72 at D = 128 and under masks (maxnreg 128 over 16 warps);
-under documents it keeps 24 bytes on the stack. Before it, two math warpgroups that summed dQ themselves, the owner
-alternating step by step, tied the split backward (1.00× at 16K, 0.98× at 8K): each waited for the other every
-second step (`results/tuning/h200-2026-11-28-paired-dq/`, `../h200-2026-11-28-fused-reduce/`,
-`../h200-2026-11-28-dq-warpgroup-all/`).
+warpgroups; a math warpgroup waits for nobody but the dQ warpgroup, and only when it is two steps behind. At the GPU's
+power limit that is what wins: fewer joules a backward. Against the split backward (7 products, no reduce) the backward
+at D = 64 ran 1.03× faster at 4K, 1.04–1.07× at 8K and 1.07–1.11× at 16K, with 3–9% less energy a call; at 1K–2K it lost
+(0.94–0.98×) and the table keeps the split backward there. At D = 128: 1.00× at 4K, 1.04× at 8K, 1.06–1.07× at 16K. With
+dropout at D = 64, against one math warpgroup of 64 keys that sends its own dQ: 1.02–1.03× at 4K, 1.08× at 8K, 1.11× at
+16K. Without dropout under a 4K window, 1.12× at 8K and 16K and 1.16× at 64K against the split passes; under a 1K window
+0.98–1.05×; under documents 0.87× at 4K, 0.95× at 8K, 1.00× at 16K and 1.13× at 64K; under block masks 0.95–0.98× at 16K
+(fwd+bwd 0.99–1.02×) and 1.03–1.07× at 64K; so masked calls take it from 8K under a window and from 16K under documents
+or block masks, `launch.gluon_config`. With dropout under masks, on 32 × 128 tiles against one math warpgroup's 32 × 64:
+0.90–0.98× at 4K, 0.98–1.08× at 16K and 1.02–1.13× at 64K, so from 16K (`launch.fit_gluon_to_masks`). Registers: 200 for
+each math warpgroup and 88 for the dQ one at D = 64, 208 and 72 at D = 128 and under masks (maxnreg 128 over 16 warps);
+under documents it keeps 24 bytes on the stack, with dropout under a block mask 16. Before it, two math warpgroups that
+summed dQ themselves, the owner alternating step by step, tied the split backward (1.00× at 16K, 0.98× at 8K): each
+waited for the other every second step (`results/tuning/h200-2026-11-28-paired-dq/`, `../h200-2026-11-28-fused-reduce/`,
+`../h200-2026-11-28-dq-warpgroup-all/`, `../h200-2026-11-28-masked-dq-warpgroup/`).
 
 - The reduce-add is Hopper's `cp.reduce.async.bulk.tensor.add` (`gluon_common.reduce_add_head_tile`): one bulk
   operation a tile, not 64 · D element-wise atomics. Sums land in an order that varies between runs, so
@@ -92,6 +94,7 @@ from .flash_bwd_dkdv_hopper import (
     hand_back,
     hide_unseen,
     init_ring,
+    kept_query_runs,
     key_tile_walk,
     query_ring,
     query_runs,
@@ -307,9 +310,11 @@ def _consumer(
 
 
 @gluon.jit
-def _dq_warpgroup(shared, start_n, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr):
-    """The dQ of a program of two math warpgroups of 64 keys: for each query tile of their walk (under a window or
-    documents, from the first either sees to the last), once both have put their dSᵀ in shared memory
+def _dq_warpgroup(
+    shared, start_n, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr, SPARSE: gl.constexpr
+):
+    """The dQ of a program of two math warpgroups of 64 keys: for each query tile of their walk (under a window,
+    documents or a block mask, from the first either sees to the last), once both have put their dSᵀ in shared memory
     (`ds_ready`), dQ (BLOCK_M, D) = dS₀·K₀ + dS₁·K₁ over the program's 128 keys, sent with one reduce-add: half the
     reduce traffic of a warpgroup that sends its own, and the math warpgroups wait for nobody but this one, and
     only when it is DS_STAGES steps behind (`ds_free`)."""
@@ -321,9 +326,12 @@ def _dq_warpgroup(shared, start_n, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, D
     HEAD_DIM: gl.constexpr = ring[2].shape[2]
     KEYS: gl.constexpr = k_all.shape[1]
     DQ_T: gl.constexpr = BLOCK_M < 64  # a product's rows come in 64s: dQᵀ (D, BLOCK_M) = K₀ᵀ·dS₀ᵀ + K₁ᵀ·dS₁ᵀ
-    lo, n_tiles = tiles[0], tiles[1]
-    if WINDOW or DOCS:  # the math warpgroups' runs (`consumer_runs`), from the first to the last seen
-        mine, _, _, seen_end = query_runs(start_n, tiles, consts, BLOCK_M, 2 * KEYS, WINDOW, DOCS)
+    lo, n_tiles, kept = tiles[0], tiles[1], tiles[3]
+    if WINDOW or DOCS or SPARSE:  # the math warpgroups' runs (`consumer_runs`), from the first to the last seen
+        runs = query_runs(start_n, tiles, consts, BLOCK_M, 2 * KEYS, WINDOW, DOCS)
+        if SPARSE:
+            runs, _ = kept_query_runs(runs, kept, lo // BLOCK_M, n_tiles)
+        mine, _, _, seen_end = runs
     else:
         mine, _ = seen_tiles(start_n, tiles, consts[0], BLOCK_M, 2 * KEYS, CAUSAL)
         seen_end = n_tiles
@@ -352,7 +360,7 @@ def _dq_warpgroup(shared, start_n, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, D
         else:
             dq_smem.index(buf).store(dq)
         fence_async_shared()
-        reduce_add_head_tile(dq_desc, b, h, lo + (mine + step) * BLOCK_M, dq_smem.index(buf))
+        reduce_add_head_tile(dq_desc, b, h, query_start(mine + step, lo, kept, BLOCK_M, SPARSE), dq_smem.index(buf))
     tma.store_wait(0)
 
 
@@ -390,8 +398,7 @@ def flash_bwd_fused_hopper_kernel(
 ):
     """dK, dV (B, H, Tk, D) of a key tile (64 · CONSUMERS keys) of a head (`tile_and_head`), and its share of
     dQ/scale added into the fp32 accumulator (B, H, Tq, D), from Q, dO, K, V, the forward's LSE and δ; with
-    PAIRED_DQ (two math warpgroups; no block mask; not both dropout and a window or documents) a third warpgroup
-    sums and sends their dQ (`_dq_warpgroup`).
+    PAIRED_DQ (two math warpgroups) a third warpgroup sums and sends their dQ (`_dq_warpgroup`).
     Descriptors as the dK/dV pass takes them (Q and dO in tiles of (1, 1, BLOCK_M, D), K, V, dK and dV of
     (1, 1, 64, D)), and dq_acc_desc in Q's tiles, all made on the host (`launch.launch_fused_hopper`). Masks as the
     dK/dV pass takes them (`flash_bwd_dkdv_hopper_kernel`): with CAUSAL, WINDOW (a sliding window of window_size
@@ -422,8 +429,7 @@ def flash_bwd_fused_hopper_kernel(
     # Both, a program of two math warpgroups whose dQ a third sums: dSᵀ in a ring of DS_STAGES pairs of buffers
     # (ds_ready: both stored; ds_free: the dQ warpgroup's products that read them retired), dQ's source doubled.
     if PAIRED_DQ:
-        gl.static_assert(CONSUMERS == 2 and not SPARSE, "a dQ warpgroup: two math warpgroups, no block mask")
-        gl.static_assert(not (DROPOUT and (WINDOW or DOCS)), "a dQ warpgroup: dropout or a window/documents")
+        gl.static_assert(CONSUMERS == 2, "a dQ warpgroup: two math warpgroups")
         DS_STAGES: gl.constexpr = 2
         ds_smem = gl.allocate_shared_memory(dtype, [2 * DS_STAGES, KEYS, BLOCK_M], ds_layout)
         ds_ready = gl.allocate_shared_memory(gl.int64, [DS_STAGES, 1], mbarrier.MBarrierLayout())
@@ -460,17 +466,17 @@ def flash_bwd_fused_hopper_kernel(
     walk = (lo, n_tiles, kept)  # the producer's
     if PAIRED_DQ:
         # registers of the math warpgroups and the dQ warpgroup: 8 more at D = 128, and for the masked walks' bounds
-        DQ_WG_REGS: gl.constexpr = (208, 72) if HEAD_DIM > 64 or WINDOW or DOCS else (200, 88)
+        DQ_WG_REGS: gl.constexpr = (208, 72) if HEAD_DIM > 64 or WINDOW or DOCS or SPARSE else (200, 88)
         dq_out0 = (ds_smem, dq_smem, dq_acc_desc, b, h, (k_smem, ds_ready, ds_free, 0))
         dq_out1 = (ds_smem, dq_smem, dq_acc_desc, b, h, (k_smem, ds_ready, ds_free, 1))
         gl.warp_specialize(
             [
                 (_consumer, ((k_smem.index(0), v_smem.index(0)), (kv_ready, ring, dq_out0, tiles, outs, consts),
-                             start_n, CAUSAL, DROPOUT, WINDOW, DOCS, False)),
+                             start_n, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE)),
                 (_consumer, ((k_smem.index(1), v_smem.index(1)), (kv_ready, ring, dq_out1, tiles, outs, consts),
-                             start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS, False)),
-                (_dq_warpgroup, ((kv_ready, ring, dq_out0, tiles, consts), start_n, CAUSAL, WINDOW, DOCS)),
-                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, False)),
+                             start_n + KEYS, CAUSAL, DROPOUT, WINDOW, DOCS, SPARSE)),
+                (_dq_warpgroup, ((kv_ready, ring, dq_out0, tiles, consts), start_n, CAUSAL, WINDOW, DOCS, SPARSE)),
+                (_producer, ((q_desc, do_desc), ring, rows, walk, b, h, SPARSE)),
             ],
             [4, 4, 1],
             [DQ_WG_REGS[0], DQ_WG_REGS[1], 24],

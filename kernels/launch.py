@@ -265,17 +265,20 @@ def gluon_config(
     the configuration of the nearest length the table lists where it lists none for theirs (the Triton pass won or
     tied dense calls there; at D = 64, the forward and the dQ pass at 1K): under documents fwd+bwd ran 1.19x at 1K;
     under block masks the Gluon forward lost there (0.75-0.79x), and they keep the table's choice
-    (`results/tuning/h200-2026-11-28-nearest-bucket/`). Without dropout the table lists the fused backward only
-    with a dQ warpgroup (`has_dq_warpgroup`); masked calls take it at D = 64 only where it measured faster than the
-    split passes, past 4K under a window and past 8K under documents (0.87x at 4K and 0.95x at 8K under documents,
-    1.12-1.16x from 8K under a 4K window: `results/tuning/h200-2026-11-28-dq-warpgroup-all/`), never under a block
-    mask."""
+    (`results/tuning/h200-2026-11-28-nearest-bucket/`). Without dropout the table lists the fused backward only with a
+    dQ warpgroup (`has_dq_warpgroup`); masked calls take it at D = 64 only where it measured faster than the split
+    passes, past 4K under a window and past 8K under documents or a block mask (0.87x at 4K and 0.95x at 8K under
+    documents, 1.12-1.16x from 8K under a 4K window: `results/tuning/h200-2026-11-28-dq-warpgroup-all/`; under block
+    masks the backward 0.95-0.98x at 16K, fwd+bwd 0.99-1.02x, and 1.03-1.07x at 64K:
+    `results/tuning/h200-2026-11-28-masked-dq-warpgroup/`; the T buckets end at 16K, so a threshold past 16K would
+    need a bucket the table does not have)."""
     tensor_masks = documents or block_size is not None
     if kernel_pass == "bwd_fused_hopper" and not dropout and (window or tensor_masks):
-        split_up_to = 8192 if documents else 4096  # the split passes ran as fast or faster up to there
-        if block_size is not None or head_dim > 64 or seq_len <= split_up_to:
+        split_up_to = 8192 if tensor_masks else 4096  # the split passes ran as fast or faster up to there
+        if head_dim > 64 or seq_len <= split_up_to:
             return None
-        return hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
+        cfg = hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
+        return cfg if cfg is None or block_size is None else fit_gluon_to_blocks(kernel_pass, cfg, block_size)
     cfg = hopper_config(kernel_pass, head_dim, dtype, causal, dropout, seq_len)
     if cfg is None and dropout and head_dim <= 64 and (tensor_masks or (window and kernel_pass != "fwd_hopper")):
         cfg = hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
@@ -283,26 +286,33 @@ def gluon_config(
         cfg = nearest_hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)
     if cfg is None or not (window or tensor_masks):
         return cfg
-    return fit_gluon_to_masks(kernel_pass, cfg, head_dim, block_size, documents, dropout)
+    return fit_gluon_to_masks(kernel_pass, cfg, head_dim, seq_len, block_size, documents, dropout)
 
 
 def fit_gluon_to_masks(
-    kernel_pass: str, cfg: LaunchConfig, head_dim: int, block_size: int | None, documents: bool, dropout: bool
+    kernel_pass: str,
+    cfg: LaunchConfig,
+    head_dim: int,
+    seq_len: int,
+    block_size: int | None,
+    documents: bool,
+    dropout: bool,
 ) -> LaunchConfig | None:
     """The configuration of a Gluon pass under masks (causal, with a window, documents or a block mask): programs of
     three math warpgroups drop to one (the forward's 192 rows to 64, the dK/dV pass's 32 × 192 tiles to 64 × 64),
     since a taller tile spans more of the masks' edges, each costing it whole tiles; under documents, and with
     dropout under every mask, the dQ pass takes 64-key tiles (with dropout 64 × 128 spills 240 bytes, and at 4K
     under a block mask the 64-key pass ran 1.12x faster); under a block mask, tiles that its blocks hold whole
-    (`fit_gluon_to_blocks`). The fused backward with dropout at D ≤ 64 takes one math warpgroup's 32 × 64 tiles
-    with four stages (dense calls run 64 × 128 with a dQ warpgroup from 4K): on 64-query tiles its masked steps
-    spill 112-176 bytes, on 32 none (fwd+bwd 1.05-1.11x at 16K under every mask with dropout, 1.04x under
-    documents at 64K against 64 × 64 tiles; dense, the 64-query tiles stay 1.06x faster:
-    `results/tuning/h200-2026-11-27-masked-dropout/`). A forward of one math warpgroup at D ≤ 64 takes 64 × 64 tiles
-    at maxnreg 80, which fit three programs an SM instead of two: masked walks are short, and a third program's walk
-    covers the others' prologues and epilogues (forward 1.07-1.10x at 16K under every mask, 1.24-1.31x at 4K, 1.18x
-    for a 1K window at 64K; the same tiles at maxnreg 128 ran 0.89-0.96x). Same-process A/Bs:
-    `results/tuning/h200-2026-11-27-mask-tiles/`."""
+    (`fit_gluon_to_blocks`). The fused backward with dropout at D ≤ 64 takes 32-query tiles with four stages (dense
+    calls run 64 × 128 with a dQ warpgroup from 4K): on 64-query tiles its masked steps spill 112-176 bytes, on 32 none
+    (fwd+bwd 1.05-1.11x at 16K under every mask with dropout, 1.04x under documents at 64K against 64 × 64 tiles; dense,
+    the 64-query tiles stay 1.06x faster: `results/tuning/h200-2026-11-27-masked-dropout/`). Up to 8K those are one math
+    warpgroup's 32 × 64; past 8K, 32 × 128 with a dQ warpgroup, which against them ran the backward 0.90-0.98x at 4K,
+    0.98-1.08x at 16K and 1.02-1.13x at 64K under each mask (`results/tuning/h200-2026-11-28-masked-dq-warpgroup/`). A
+    forward of one math warpgroup at D ≤ 64 takes 64 × 64 tiles at maxnreg 80, which fit three programs an SM instead of
+    two: masked walks are short, and a third program's walk covers the others' prologues and epilogues (forward
+    1.07-1.10x at 16K under every mask, 1.24-1.31x at 4K, 1.18x for a 1K window at 64K; the same tiles at maxnreg 128
+    ran 0.89-0.96x). Same-process A/Bs: `results/tuning/h200-2026-11-27-mask-tiles/`."""
     if kernel_pass == "fwd_hopper" and cfg.block_m > 128:
         cfg = replace(cfg, block_m=64)
     elif kernel_pass == "bwd_dkdv_hopper" and cfg.block_n > 128:
@@ -310,7 +320,8 @@ def fit_gluon_to_masks(
     elif (documents or dropout) and kernel_pass == "bwd_dq_hopper":
         cfg = replace(cfg, block_n=64)
     elif kernel_pass == "bwd_fused_hopper" and (cfg.block_n == 64 or (dropout and head_dim <= 64)):
-        cfg = replace(cfg, block_m=32, block_n=64, num_stages=4)
+        keys = 128 if dropout and cfg.block_n == 128 and seq_len > 8192 else 64  # 128: with a dQ warpgroup
+        cfg = replace(cfg, block_m=32, block_n=keys, num_stages=4)
     if kernel_pass == "fwd_hopper" and cfg.block_m == 64 and head_dim <= 64:
         cfg = replace(cfg, block_n=64, maxnreg=80)
     return cfg if block_size is None else fit_gluon_to_blocks(kernel_pass, cfg, block_size)
@@ -655,13 +666,15 @@ def launch_dkdv_hopper(
 
 def has_dq_warpgroup(cfg: LaunchConfig, head_dim: int, masks: FlashMask, dropout: bool) -> bool:
     """Whether the Gluon fused backward at cfg runs a dQ warpgroup (`flash_bwd_fused_hopper._dq_warpgroup`): its two
-    math warpgroups hand their dS to a third, which sums dQ and sends it. On 64 × 128 tiles at D = 64, dense calls
-    and, without dropout, calls under a window or documents; on 32 × 128 tiles at D = 128, dense calls without
-    dropout. Those are the calls it was measured faster for (`results/tuning/h200-2026-11-28-dq-warpgroup-all/`);
-    other calls on these tiles (with dropout at D = 128) keep two warpgroups that each send their own dQ."""
+    math warpgroups hand their dS to a third, which sums dQ and sends it. At D = 64 on 64 × 128 tiles, dense calls
+    and masked calls without dropout, and on 32 × 128 tiles masked calls with dropout; at D = 128 on 32 × 128 tiles,
+    dense calls without dropout. Those are the calls it was measured faster for (`gluon_config` and
+    `fit_gluon_to_masks` pick those tiles only where it was: `results/tuning/h200-2026-11-28-dq-warpgroup-all/`,
+    `../h200-2026-11-28-masked-dq-warpgroup/`); other calls on these tiles (with dropout at D = 128) keep two
+    warpgroups that each send their own dQ."""
     if head_dim > 64:
         return (cfg.block_m, cfg.block_n) == (32, 128) and not masks.any and not dropout
-    return (cfg.block_m, cfg.block_n) == (64, 128) and masks.block_mask is None and not (dropout and masks.any)
+    return cfg.block_n == 128 and cfg.block_m == (32 if dropout and masks.any else 64)
 
 
 def launch_fused_hopper(

@@ -39,12 +39,16 @@ CASES = {  # kernel_sass.py's arguments
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
     "D64 8K Gluon blocks": "--head-dim 64 --seq-len 8192 --mask blocks "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
+    "D64 16K Gluon blocks": "--head-dim 64 --seq-len 16384 --mask blocks --passes bwd_fused_hopper",  # a dQ warpgroup
     "D128 4K Gluon documents": "--head-dim 128 --seq-len 4096 --mask documents "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",  # the forward's two math warpgroups under a mask
     # with dropout under masks: the forward on 64 x 64 tiles at maxnreg 80, dQ on 64-key tiles, the fused backward on
-    # 32-query tiles
+    # 32-query tiles (one math warpgroup's 32 x 64 up to 8K, 32 x 128 with a dQ warpgroup past it)
     "D64 16K Gluon documents dropout": "--head-dim 64 --seq-len 16384 --mask documents --dropout 0.1 "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_fused_hopper",
+    "D64 8K Gluon window dropout": "--head-dim 64 --seq-len 8192 --mask window --dropout 0.1 --passes bwd_fused_hopper",
+    "D64 16K Gluon blocks dropout": "--head-dim 64 --seq-len 16384 --mask blocks --dropout 0.1 "
+    "--passes bwd_fused_hopper",
 }
 
 
@@ -58,8 +62,9 @@ CASES = {  # kernel_sass.py's arguments
 # reloaded after each loop, never inside one). At D = 128 under documents it spills inside its walk too (80 bytes,
 # unmeasured: the next thing to look at there). The Gluon fused backward with a dQ warpgroup takes 24 bytes under
 # documents (at 64K it still ran 1.10x the split passes: results/tuning/h200-2026-11-28-dq-warpgroup-all/); with
-# dropout under masks it runs one math warpgroup on 32-query tiles, on which it spills nothing (on 64-query tiles its
-# masked steps spilled 112-176 bytes: results/tuning/h200-2026-11-27-masked-dropout/).
+# dropout under masks it runs 32-query tiles, on which it spills nothing but 16 bytes under a block mask with a dQ
+# warpgroup (on 64-query tiles its masked steps spilled 112-176 bytes: results/tuning/h200-2026-11-27-masked-dropout/,
+# and with a dQ warpgroup 16-112: results/tuning/h200-2026-11-28-masked-dq-warpgroup/).
 KNOWN_SPILLS = {
     ("D64 4K dropout documents", "bwd_fused"): 72,
     ("D128 16K blocks", "bwd_dkdv"): 16,
@@ -71,6 +76,7 @@ KNOWN_SPILLS = {
     ("D128 4K Gluon window dropout", "bwd_dkdv_hopper"): 24,
     ("D128 4K Gluon documents", "bwd_dkdv_hopper"): 80,
     ("D64 16K Gluon documents", "bwd_fused_hopper"): 24,
+    ("D64 16K Gluon blocks dropout", "bwd_fused_hopper"): 16,
     ("D128 16K Gluon dropout forward", "fwd_hopper"): 8,  # 128 x 128 tiles with the mask's draws: one word
 }
 

@@ -1,6 +1,7 @@
 """The launch-configuration lookup: the committed H100 table covers what the benchmark and GPT-2 run, and every entry
 is a valid configuration."""
 
+import functools
 import itertools
 
 import pytest
@@ -231,10 +232,10 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
         # pass's 32 x 192 tiles to 64 x 64); under documents the dQ pass takes 64-key tiles; a forward of one
         # math warpgroup takes 64 x 64 tiles at maxnreg 80 (three programs an SM).
         dropout = gpt2_dropout > 0
-        for_documents = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=True, dropout=dropout)
-        for_window = launch.fit_gluon_to_masks(kernel_pass, expected, 64, None, documents=False, dropout=dropout)
-        # The fused backward takes one math warpgroup's 32-query tiles with four stages under masks with dropout
-        # (on 64 it spills).
+        fit = functools.partial(launch.fit_gluon_to_masks, kernel_pass, expected, 64, 16384, dropout=dropout)
+        for_documents, for_window = fit(None, documents=True), fit(None, documents=False)
+        # The fused backward takes 32-query tiles with four stages under masks with dropout (on 64 it spills), with
+        # a dQ warpgroup at 16K (128 keys).
         rows, keys, maxnreg = expected.block_m, expected.block_n, expected.maxnreg
         stages = expected.num_stages
         if kernel_pass == "fwd_hopper":
@@ -242,7 +243,7 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
         if kernel_pass == "bwd_dkdv_hopper" and keys == 192:
             rows, keys = 64, 64
         if kernel_pass == "bwd_fused_hopper" and (keys == 64 or dropout):
-            rows, keys, stages = 32, 64, 4
+            rows, stages = 32, 4
         fitted = dict(block_m=rows, block_n=keys, maxnreg=maxnreg, num_stages=stages)
         assert for_window == replace(expected, **fitted)
         fitted["block_n"] = 64 if kernel_pass == "bwd_dq_hopper" else keys
@@ -256,7 +257,7 @@ def test_a_call_takes_a_gluon_pass_only_for_the_masks_it_holds_a_schedule_for_an
             expected if for_documents == expected else None
         )  # a schedule for other tiles does not serve
         blocks = replace(launch.NO_MASKS, block_mask=torch.ones(1, 128, 128, dtype=torch.bool))
-        fitted = launch.fit_gluon_to_masks(kernel_pass, expected, 64, 128, False, dropout)  # blocks hold them whole
+        fitted = fit(128, documents=False)  # blocks hold them whole
         assert fitted is not None and 128 % fitted.block_m == 0 and 128 % fitted.block_n == 0
         assert decide(masks=blocks) is None  # no schedule for the pass's tiling
         assert decide(masks=replace(blocks, tiles=(tile_key(kernel_pass, fitted),))) == fitted
@@ -284,9 +285,10 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     also those it lists only without dropout, without dropout also those it lists only at another T
     (`launch.gluon_config`), as masks fit them (the forward's 192 rows drop
     to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys drop to 64 x 64; under documents or with
-    dropout the dQ pass takes 64-key tiles; with dropout the fused pass takes 32 × 64 tiles, and without it the
-    table's 64 × 128 from 16K under documents, with a dQ warpgroup), and none for a call the
-    Gluon passes never take (not causal, fp32) or that has no schedule to build."""
+    dropout the dQ pass takes 64-key tiles; with dropout the fused pass takes 32 × 64 tiles up to 8K and 32 × 128
+    from 16K, and without it the table's 64 × 128 from 16K under documents or a block mask, both with a dQ
+    warpgroup), and none for a call the Gluon passes never take (not causal, fp32) or that has no schedule to
+    build."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -308,7 +310,7 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
                 if name == "bwd_dkdv_hopper" and keys == 192:
                     rows, keys = 64, 64
                 if name == "bwd_fused_hopper" and dropout:
-                    rows, keys = 32, 64
+                    rows, keys = 32, (128 if seq_len > 8192 and keys == 128 else 64)
                 tiles.append(tile_key(name, replace(cfg, block_m=rows, block_n=keys)))
         return tuple(tiles)
 
@@ -324,6 +326,11 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     fitted = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=128)
     assert fitted and all(128 % row_tile == 0 and 128 % col_tile == 0 for _, row_tile, col_tile in fitted)
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=40) == ()
+    # The fused backward under a block mask: with dropout at every T, without it from 16K (the split passes up to 8K).
+    at_8k, at_16k = (launch.gluon_config("bwd_fused_hopper", 64, "bfloat16", True, dropout, seq_len, block_size=128)
+                     for seq_len in (8192, 16384))  # fmt: skip
+    assert (at_8k is not None) == dropout and at_16k is not None
+    assert tile_key("bwd_fused_hopper", at_16k) in fitted
 
 
 def test_masked_calls_with_dropout_take_the_gluon_passes_the_table_lists_without_dropout():
@@ -364,7 +371,7 @@ def test_masked_calls_without_dropout_take_a_gluon_pass_the_table_lists_only_at_
         nearest = nearest_hopper_config(name, 64, "bfloat16", True, False, 1024)
         assert nearest is not None and nearest == hopper_config(name, 64, "bfloat16", True, False, 2048)
         for masks in ({"documents": True}, {"window": True}):
-            want = launch.fit_gluon_to_masks(name, nearest, 64, None, masks.get("documents", False), False)
+            want = launch.fit_gluon_to_masks(name, nearest, 64, 1024, None, masks.get("documents", False), False)
             assert launch.gluon_config(name, 64, "bfloat16", True, False, 1024, **masks) == want
         assert launch.gluon_config(name, 64, "bfloat16", True, False, 1024) is None  # dense
         assert launch.gluon_config(name, 64, "bfloat16", True, False, 1024, block_size=128) is None
@@ -377,9 +384,9 @@ def test_masked_calls_without_dropout_take_a_gluon_pass_the_table_lists_only_at_
 def test_masked_calls_take_the_gluon_backward_that_the_table_lists_for_dense_ones(monkeypatch, dropout):
     """`attention_op._backward_schedule` on a simulated Hopper GPU, D = 64, under a sliding window (which the Gluon
     passes take without a schedule) and without masks: the Gluon fused backward on the table's 64 x 128 tiles for the
-    dense call, with or without dropout; under the window with dropout on 32 x 64 tiles, without dropout on the
-    table's tiles from 8K and the split passes up to 4K (`launch.gluon_config`); deterministic calls the split
-    passes."""
+    dense call, with or without dropout; under the window with dropout on 32 x 64 tiles at 4K and 32 x 128 at 16K,
+    without dropout on the table's tiles from 8K and the split passes up to 4K (`launch.gluon_config`);
+    deterministic calls the split passes."""
     from dataclasses import replace
 
     from flashgpt.kernels import attention_op, launch
@@ -395,18 +402,19 @@ def test_masked_calls_take_the_gluon_backward_that_the_table_lists_for_dense_one
         masked, dense = (attention_op._backward_schedule(q, k, v, o, do, params, masks, False)
                          for masks in (window, launch.NO_MASKS))  # fmt: skip
         assert dense == (fused_hopper, True)
-        if dropout:  # one math warpgroup on 32-query tiles (`launch.fit_gluon_to_masks`)
-            assert masked == (replace(fused_hopper, block_m=32, block_n=64, num_stages=4), True)
+        if dropout:  # 32-query tiles (`launch.fit_gluon_to_masks`): one math warpgroup's, two and a dQ one past 8K
+            keys = 128 if seq_len > 8192 else 64
+            assert masked == (replace(fused_hopper, block_m=32, block_n=keys, num_stages=4), True)
         else:
             assert masked == ((fused_hopper, True) if seq_len > 4096 else (None, False))
         assert attention_op._backward_schedule(q, k, v, o, do, params, window, True) == (None, False)
 
 
 def test_the_fused_backward_runs_a_dq_warpgroup_for_the_calls_it_was_measured_faster_for():
-    """`launch.has_dq_warpgroup`: on 64 x 128 tiles at D = 64 for dense calls with or without dropout and for calls
-    under a window or documents without dropout; on 32 x 128 tiles at D = 128 for dense calls without dropout; never
-    under a block mask nor on other tiles. Every configuration the table lists for the fused pass on those tiles
-    (dense) gets one, except D = 128 with dropout."""
+    """`launch.has_dq_warpgroup`: at D = 64 on 64 x 128 tiles for dense calls with or without dropout and masked
+    calls without dropout, on 32 x 128 tiles for masked calls with dropout; at D = 128 on 32 x 128 tiles for dense
+    calls without dropout; never on other tiles. Every configuration the table lists for the fused pass on those
+    tiles (dense) gets one, except D = 128 with dropout."""
     from dataclasses import replace
 
     from flashgpt.kernels import launch
@@ -422,7 +430,13 @@ def test_the_fused_backward_runs_a_dq_warpgroup_for_the_calls_it_was_measured_fa
         (d64, 64, documents, False): True,
         (d64, 64, window, True): False,
         (d64, 64, documents, True): False,
-        (d64, 64, blocks, False): False,
+        (d64, 64, blocks, False): True,
+        (d64, 64, blocks, True): False,
+        (replace(d64, block_m=32), 64, window, True): True,
+        (replace(d64, block_m=32), 64, documents, True): True,
+        (replace(d64, block_m=32), 64, blocks, True): True,
+        (replace(d64, block_m=32), 64, launch.NO_MASKS, True): False,
+        (replace(d64, block_m=32), 64, window, False): False,
         (replace(d64, block_n=64), 64, launch.NO_MASKS, False): False,
         (replace(d64, block_m=32, block_n=64), 64, window, True): False,
         (d128, 128, launch.NO_MASKS, False): True,
@@ -449,12 +463,13 @@ def test_only_a_d64_masked_forward_takes_three_programs_an_sm():
 
     d64 = hopper_config("fwd_hopper", 64, "bfloat16", True, False, 16384)
     d128 = hopper_config("fwd_hopper", 128, "bfloat16", True, False, 16384)
-    assert launch.fit_gluon_to_masks("fwd_hopper", d64, 64, None, False, False) == LaunchConfig(64, 64, 4, 2, True, 80)
-    assert launch.fit_gluon_to_masks("fwd_hopper", d128, 128, None, False, False) == d128
-    assert launch.fit_gluon_to_masks("fwd_hopper", d128, 128, 128, True, False) == d128
+    fit = launch.fit_gluon_to_masks
+    assert fit("fwd_hopper", d64, 64, 16384, None, False, False) == LaunchConfig(64, 64, 4, 2, True, 80)
+    assert fit("fwd_hopper", d128, 128, 16384, None, False, False) == d128
+    assert fit("fwd_hopper", d128, 128, 16384, 128, True, False) == d128
     for kernel_pass in ("bwd_dq_hopper", "bwd_dkdv_hopper"):
         cfg = hopper_config(kernel_pass, 64, "bfloat16", True, False, 16384)
-        assert launch.fit_gluon_to_masks(kernel_pass, cfg, 64, None, False, False).maxnreg == cfg.maxnreg
+        assert fit(kernel_pass, cfg, 64, 16384, None, False, False).maxnreg == cfg.maxnreg
 
 
 def test_masked_gluon_grids_put_heads_fastest_only_under_documents():

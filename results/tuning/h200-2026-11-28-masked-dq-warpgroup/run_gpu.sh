@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Not yet run. The fused backward's dQ warpgroup for the masked calls that do not have it yet (issue 16), built as
-# diffs against the tree of 2026-11-28 (after the dQ warpgroup under windows and documents), compiled here for sm_90a
+# Ran 2026-11-28 (README.md, out/). The fused backward's dQ warpgroup for the masked calls that did not have it
+# (issue 16), built as diffs against the tree of 2026-11-28 (after the dQ warpgroup under windows and documents),
+# compiled here for sm_90a
 # (`scripts/kernel_sass.py --passes bwd_fused_hopper --head-dim 64 --seq-len 16384 --mask M [--dropout 0.1]`):
 #   blocks_dq_warpgroup.diff: under block masks without dropout, 64 x 128 tiles past 4K (208 / 72 registers,
 #       no spill); the dQ warpgroup walks the kept-tile list as the math warpgroups do (`kept_query_runs`).
