@@ -10,6 +10,16 @@ from pathlib import Path
 
 # In a checkout: the peers' numbers on the lent H100, as the benchmark measures them (same shapes and FLOP formula).
 ANCHORS = Path(__file__).resolve().parents[1] / "results" / "anchors" / "h100-attention.json"
+# A row whose fwd+bwd took the CPU at least this share of its time to issue measured the host, not the GPU: the
+# GPU waits between calls once the CPU needs longer than it does.
+HOST_BOUND_SHARE = 0.9
+HOST_BOUND_NOTE = "† host-bound: issuing one fwd+bwd took the CPU ≥ 90% of its measured time"
+
+
+def host_bound(row: dict) -> bool:
+    """Whether a timed row measured the CPU (rows from before `host_ms` was recorded never do)."""
+    host, total = row.get("host_ms"), row.get("fwd_bwd_ms")
+    return row["status"] == "ok" and host is not None and total is not None and host >= HOST_BOUND_SHARE * total
 
 
 def tflops_cell(tflops: dict[str, float]) -> str:
@@ -23,7 +33,7 @@ def _cell(row: dict | None) -> str:
     if row["status"] != "ok":
         return {"oom": "OOM", "skipped": "unsupported"}.get(row["status"], "error")
     mem = f" ({row['peak_extra_gib']:.2f} GiB)" if row["peak_extra_gib"] is not None else ""
-    return tflops_cell(row["tflops"]) + mem
+    return tflops_cell(row["tflops"]) + mem + (" †" if host_bound(row) else "")
 
 
 def _anchor_ratio(rows: list[dict], anchors: dict, anchor_provider: str) -> float | None:
@@ -45,7 +55,8 @@ def _anchor_cell(provider: str, rows: list[dict], anchors: dict) -> str:
 
 def markdown_tables(rows: Sequence[dict], anchors: dict | None = None) -> str:
     """One table per (head dim, dropout): fwd / bwd / fwd+bwd TFLOP/s (peak extra GiB), as in the anchors.
-    With `anchors`, a last column: fwd+bwd vs the anchors (geometric mean over T; flash vs FA2 and cuDNN)."""
+    With `anchors`, a last column: fwd+bwd vs the anchors (geometric mean over T; flash vs FA2 and cuDNN). Cells
+    that measured the host are marked † (`host_bound`), with a note under their table."""
     out = []
     for head_dim, p in sorted({(r["head_dim"], r["dropout"]) for r in rows}):
         section = [r for r in rows if (r["head_dim"], r["dropout"]) == (head_dim, p)]
@@ -65,7 +76,7 @@ def markdown_tables(rows: Sequence[dict], anchors: dict | None = None) -> str:
             cells = [_cell(by_t.get(t)) for t in seq_lens]
             cells += [_anchor_cell(provider, mine, anchors)] if anchors else []
             out.append(f"| {provider} | " + " | ".join(cells) + " |")
-        out.append("")
+        out += ["", HOST_BOUND_NOTE, ""] if any(host_bound(r) for r in section) else [""]
     return "\n".join(out)
 
 

@@ -9,6 +9,8 @@ fwd+bwd above what q, k, v hold.
 Host time per call: at a shape whose GPU work is a few microseconds (B=1, H=2, T=128, D=64), the wall time of
 many back-to-back calls is what the CPU spends issuing one call (argument checks, autograd, launches): the
 cost that bounds short sequences. Measured for flash eager and under torch.compile, and for the SDPA backends.
+Each timed row also records the host time of its own fwd+bwd (`host_ms`); where it is most of the fwd+bwd time,
+the row measured the CPU rather than the GPU, and the tables mark it (`flashgpt.benchmark_tables.host_bound`).
 
     python scripts/bench_attention.py                      # GPU: correctness check, then the full sweep
     python scripts/bench_attention.py --quick              # GPU: a fast subset
@@ -45,7 +47,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 # Pure torch, safe to import before TRITON_INTERPRET is set; the kernels are imported when first used.
 from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
 from flashgpt.attention_reference import reference_attention, rel_err
-from flashgpt.benchmark_tables import anchors_for, markdown_tables, tflops_cell
+from flashgpt.benchmark_tables import anchors_for, host_bound, markdown_tables, tflops_cell
 from flashgpt.command_line import command_line, csv_list, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +105,7 @@ class Row:
     fwd_ms: float | None = None
     fwd_bwd_ms: float | None = None
     peak_extra_gib: float | None = None
+    host_ms: float | None = None  # the CPU time to issue one fwd+bwd, calls back to back (`_host_us_per_call`)
     tflops: dict[str, float] = field(default_factory=dict)  # fwd / bwd / fwd_bwd
 
 
@@ -211,6 +214,13 @@ def _measure(row: Row, fn: AttentionFn, profile: Profile, timer: Timer) -> None:
     grad_out, row.peak_extra_gib = _run_measuring_peak(one_step, profile.device)
     row.fwd_ms = timer(lambda: fn(q, k, v, row.dropout), [q, k, v])
     row.fwd_bwd_ms = timer(lambda: fn(q, k, v, row.dropout).backward(grad_out), [q, k, v])
+
+    def issue_fwd_bwd() -> None:  # as the timer calls it, gradients cleared first
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v, row.dropout).backward(grad_out)
+
+    calls = HOST_CALLS_PER_ROW if profile.device == "cuda" else 1  # the interpreter: a smoke test only
+    row.host_ms = _host_us_per_call(issue_fwd_bwd, calls, profile.device) * 1e-3
     flops = fwd_flops(row.batch, row.heads, row.seq_len, row.head_dim)
     bwd_ms = row.fwd_bwd_ms - row.fwd_ms
     row.tflops = {
@@ -221,6 +231,7 @@ def _measure(row: Row, fn: AttentionFn, profile: Profile, timer: Timer) -> None:
 
 
 HOST_SHAPE = (1, 2, 128, 64)  # B, H, T, D
+HOST_CALLS_PER_ROW = 20  # a timed row's host time: few enough calls that the GPU's launch queue never fills
 HOST_PROVIDERS = ("flash", "sdpa_cudnn", "sdpa_flash", "sdpa_mem_eff")
 
 
@@ -297,7 +308,7 @@ def bench_row(row: Row, profile: Profile, timer: Timer) -> Row:
         except Exception as err:  # one provider's failure must not end the sweep
             row.status, row.reason = "error", f"{type(err).__name__}: {err}"[:500]
     if row.status != "ok":
-        row.tflops, row.fwd_ms, row.fwd_bwd_ms, row.peak_extra_gib = {}, None, None, None
+        row.tflops, row.fwd_ms, row.fwd_bwd_ms, row.peak_extra_gib, row.host_ms = {}, None, None, None, None
     gc.collect()  # the traceback held the failed config's tensors
     if profile.device == "cuda":
         torch.cuda.empty_cache()
@@ -320,7 +331,8 @@ def _progress(row: Row) -> str:
     if row.status != "ok":
         return f"{where}: {row.status} ({row.reason})"
     mem = f", {row.peak_extra_gib:.2f} GiB" if row.peak_extra_gib is not None else ""
-    return f"{where}: {tflops_cell(row.tflops)} TFLOP/s{mem}"
+    host = f" (host {row.host_ms:.3f} of {row.fwd_bwd_ms:.3f} ms{', host-bound' if host_bound(asdict(row)) else ''})"
+    return f"{where}: {tflops_cell(row.tflops)} TFLOP/s{mem}{host}"
 
 
 # --- correctness ------------------------------------------------------------------------------------------

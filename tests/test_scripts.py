@@ -20,7 +20,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from flashgpt.attention_reference import reference_attention
-from flashgpt.benchmark_tables import ANCHORS, markdown_tables
+from flashgpt.benchmark_tables import ANCHORS, HOST_BOUND_NOTE, markdown_tables
 from flashgpt.training import run_report as report
 from flashgpt.training import study, study_report, sweep
 from flashgpt.training.config import grad_accum_steps, register_configs, typed_config, validate
@@ -294,7 +294,8 @@ def test_bench_records_unsupported_providers_and_writes_json(tmp_path: Path) -> 
     assert data["command"].startswith("python scripts/bench_attention.py --no-check") and data["complete"]
     naive, cudnn = data["rows"]
     assert naive["status"] == "ok" and naive["tflops"]["fwd_bwd"] > 0 and naive["batch"] == 4
-    assert cudnn["status"] == "skipped" and cudnn["reason"]
+    assert naive["host_ms"] > 0  # on the CPU every call is host-bound: the smoke path only exercises it
+    assert cudnn["status"] == "skipped" and cudnn["reason"] and cudnn["host_ms"] is None
     assert "| naive |" in done.stdout and "| sdpa_cudnn | unsupported |" in done.stdout
 
 
@@ -438,3 +439,17 @@ def test_ab_kernels_schedules_each_version_s_masks_as_its_flash_mask_does(tmp_pa
         if expected.schedule is not None:
             assert torch.equal(mask.schedule, expected.schedule)
     assert ab_kernels.build_masks(baseline, {}, q, baseline.AttentionParams(True, 0.0, 0.125)) is baseline.NO_MASKS
+
+
+def test_tables_mark_the_rows_that_measured_the_host() -> None:
+    """A row whose fwd+bwd took the CPU ≥ 90% of its time to issue is marked †, with the note under its table;
+    rows without a host time (JSON from before it was recorded) and failed rows never are."""
+    rows = [_bench_row("flash", t, 0.0, 300.0) for t in (1024, 2048, 4096)] + [_bench_row("naive", 1024, 0.0, None)]
+    for row, host_ms in zip(rows, (0.95, 0.5, None, 2.0), strict=True):
+        row["fwd_bwd_ms"], row["host_ms"] = 1.0, host_ms
+    table = markdown_tables(rows)
+    cells = _table_row(table, "| flash |").strip("| ").split(" | ")[1:]
+    assert [cell.endswith(" †") for cell in cells] == [True, False, False]
+    assert _table_row(table, "| naive |").endswith("| OOM |  |  |")
+    assert table.count(HOST_BOUND_NOTE) == 1
+    assert HOST_BOUND_NOTE not in markdown_tables(rows[1:])
