@@ -132,21 +132,27 @@ def mixed_documents(batch: int, seq_len: int, device: str, seed: int = 0) -> Ten
     return torch.stack(rows).to(device)
 
 
+def causal_rows(kwargs: dict, r0: int, r1: int, device: str) -> Tensor:
+    """Rows [r0, r1) of a causal T×T visibility under the masks flash_attention takes as kwargs, (B or 1, H or 1,
+    r1 − r0, r1): the last r1 − r0 queries of the first r1 keys (keys past r1 are never visible to them). r0 must
+    fall on a block boundary of a block mask."""
+    sliced = dict(kwargs)
+    if "document_ids" in kwargs:
+        sliced["document_ids"] = kwargs["document_ids"][:, :r1]
+    if "block_mask" in kwargs:
+        block_size = kwargs.get("block_size", 128)
+        n_keys = math.ceil(r1 / block_size)
+        sliced["block_mask"] = kwargs["block_mask"][:, r0 // block_size : n_keys, :n_keys]
+    return dense_mask(r1 - r0, r1, causal=True, device=device, **sliced)
+
+
 def visible_pairs(seq_len: int, batch: int, heads: int, kwargs: dict, device: str, chunk: int = 2048) -> int:
-    """Exact count of visible causal pairs over all (b, h): dense_mask over row chunks. Rows [r0, r1) of a causal
-    T×T problem are the last r1 − r0 queries of the first r1 keys (keys past r1 are never visible to them)."""
+    """Exact count of visible causal pairs over all (b, h): `causal_rows` over row chunks."""
     block_size = kwargs.get("block_size", 128)
     chunk = max(chunk // block_size, 1) * block_size  # chunks start on block boundaries
     total = 0
     for r0 in range(0, seq_len, chunk):
-        r1 = min(seq_len, r0 + chunk)
-        sliced = dict(kwargs)
-        if "document_ids" in kwargs:
-            sliced["document_ids"] = kwargs["document_ids"][:, :r1]
-        if "block_mask" in kwargs:
-            n_keys = math.ceil(r1 / block_size)
-            sliced["block_mask"] = kwargs["block_mask"][:, r0 // block_size : n_keys, :n_keys]
-        visible = dense_mask(r1 - r0, r1, causal=True, device=device, **sliced)
+        visible = causal_rows(kwargs, r0, min(seq_len, r0 + chunk), device)
         total += int(visible.sum()) * (batch // visible.shape[0]) * (heads // visible.shape[1])
     return total
 

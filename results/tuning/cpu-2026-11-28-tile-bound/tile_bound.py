@@ -13,9 +13,8 @@ import json
 import math
 
 import torch
-from bench_masks import PATTERNS, TARGET_DENSITY, TOKENS_PER_CALL, mixed_documents
+from bench_masks import PATTERNS, TARGET_DENSITY, TOKENS_PER_CALL, causal_rows, mixed_documents
 
-from flashgpt.attention_masks import dense_mask
 from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask
 
 BLOCK_SIZE = 128
@@ -40,14 +39,7 @@ def tile_counts(seq_len: int, kwargs: dict, tiles: tuple[int, int], chunk: int =
     visible = visited = partial = 0
     for r0 in range(0, seq_len, chunk):  # rows [r0, r1) of the causal problem
         r1 = min(seq_len, r0 + chunk)
-        sliced = dict(kwargs)
-        if "document_ids" in kwargs:
-            sliced["document_ids"] = kwargs["document_ids"][:, :r1]
-        if "block_mask" in kwargs:
-            n_keys = math.ceil(r1 / BLOCK_SIZE)
-            sliced["block_mask"] = kwargs["block_mask"][:, r0 // BLOCK_SIZE : n_keys, :n_keys]
-        mask = dense_mask(r1 - r0, r1, causal=True, **sliced)  # (B or 1, 1, r1 - r0, r1): the last rows of r1 keys
-        mask = mask[:, 0]
+        mask = causal_rows(kwargs, r0, r1, "cpu")[:, 0]  # (B or 1, r1 - r0, r1): one head's, all heads alike
         width = math.ceil(r1 / cols) * cols
         mask = torch.nn.functional.pad(mask, (0, width - r1))
         per_tile = mask.reshape(mask.shape[0], (r1 - r0) // rows, rows, width // cols, cols).sum(dim=(2, 4))
