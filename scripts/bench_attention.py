@@ -11,6 +11,10 @@ many back-to-back calls is what the CPU spends issuing one call (argument checks
 cost that bounds short sequences. Measured for flash eager and under torch.compile, and for the SDPA backends.
 Each timed row also records the host time of its own fwd+bwd (`host_ms`); where it is most of the fwd+bwd time,
 the row measured the CPU rather than the GPU, and the tables mark it (`flashgpt.benchmark_tables.host_bound`).
+Autograd runs a CUDA backward on its device thread: every timed call hands it over, which wakes another CPU core
+(on a VM, often tens of µs or more), where a training step does so once per `backward()`. `--backward-thread
+caller` times the rows with the backward on the calling thread, for every provider alike, to tell kernel speed
+from that hand-off.
 
     python scripts/bench_attention.py                      # GPU: correctness check, then the full sweep
     python scripts/bench_attention.py --quick              # GPU: a fast subset
@@ -585,6 +589,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--host-calls", type=int, default=200, help="calls per host-time measurement (0: skip it; CPU: 1)"
     )
+    parser.add_argument(
+        "--backward-thread",
+        choices=("device", "caller"),
+        default="device",
+        help="where autograd runs the timed rows' backward: on its device thread (the default, as in training) or on "
+        "the calling thread, which spares each call the hand-off to another CPU core",
+    )
     parser.add_argument("--out", type=Path, help="JSON path or folder (default results/bench_attention)")
     args = parser.parse_args(argv)
     args.head_dims = args.head_dims or ([64] if args.quick else list(HEADS))
@@ -632,6 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "complete": False,  # rewritten after the check and every row: a killed job keeps what it measured
         "check": run_checks(profile) if args.check or args.check_only else None,
         "host_overhead": None,
+        "backward_thread": args.backward_thread,
         "rows": [],
     }
     write_json(out, report)
@@ -640,10 +652,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["host_overhead"] = host_overhead(args.provider, profile, calls)
         write_json(out, report)
     if not args.check_only:
-        for row in bench_rows(args, profile, cuda_timer if cuda else cpu_timer):
-            print(_progress(row), flush=True)
-            report["rows"].append(asdict(row))
-            write_json(out, report)
+        with torch.autograd.set_multithreading_enabled(args.backward_thread == "device"):
+            for row in bench_rows(args, profile, cuda_timer if cuda else cpu_timer):
+                print(_progress(row), flush=True)
+                report["rows"].append(asdict(row))
+                write_json(out, report)
         print("\n" + markdown_tables(report["rows"], anchors_for(name, str(profile.dtype), profile.tokens_per_call)))
     report["complete"] = True
     write_json(out, report)

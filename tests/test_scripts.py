@@ -288,10 +288,11 @@ def _run_bench(*args: str) -> subprocess.CompletedProcess:
 def test_bench_records_unsupported_providers_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = _run_bench("--no-check", "--provider", "naive,sdpa_cudnn", "--seq-lens", "64", "--head-dims", "64",
-                      "--dropout", "0.1", "--out", str(out))  # fmt: skip
+                      "--dropout", "0.1", "--backward-thread", "caller", "--out", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert data["command"].startswith("python scripts/bench_attention.py --no-check") and data["complete"]
+    assert data["backward_thread"] == "caller"
     naive, cudnn = data["rows"]
     assert naive["status"] == "ok" and naive["tflops"]["fwd_bwd"] > 0 and naive["batch"] == 4
     assert naive["host_ms"] > 0  # on the CPU every call is host-bound: the smoke path only exercises it
@@ -453,3 +454,21 @@ def test_tables_mark_the_rows_that_measured_the_host() -> None:
     assert _table_row(table, "| naive |").endswith("| OOM |  |  |")
     assert table.count(HOST_BOUND_NOTE) == 1
     assert HOST_BOUND_NOTE not in markdown_tables(rows[1:])
+
+
+@pytest.mark.parametrize("thread", ["device", "caller"])
+def test_bench_times_the_backward_on_the_thread_asked_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, thread: str
+) -> None:
+    seen = []
+
+    def naive(q, k, v, p):
+        seen.append(torch.autograd.is_multithreading_enabled())
+        return bench_attention.naive(q, k, v, p)
+
+    monkeypatch.setitem(bench_attention.PROVIDERS, "naive", naive)
+    argv = ["--no-check", "--provider", "naive", "--seq-lens", "64", "--head-dims", "64", "--dropout", "0",
+            "--host-calls", "0", "--backward-thread", thread, "--out", str(tmp_path / "bench.json")]  # fmt: skip
+    assert bench_attention.main(argv) == 0
+    assert seen and set(seen) == {thread == "device"}
+    assert torch.autograd.is_multithreading_enabled()  # restored
