@@ -9,8 +9,9 @@ fwd+bwd above what q, k, v hold.
 Host time per call: at a shape whose GPU work is a few microseconds (B=1, H=2, T=128, D=64), the wall time of
 many back-to-back calls is what the CPU spends issuing one call (argument checks, autograd, launches): the
 cost that bounds short sequences. Measured for flash eager and under torch.compile, and for the SDPA backends.
-Each timed row also records the host time of its own fwd+bwd (`host_ms`); where it is most of the fwd+bwd time,
-the row measured the CPU rather than the GPU, and the tables mark it (`flashgpt.benchmark_tables.host_bound`).
+Each timed row also records the host time of its own fwd+bwd (`host_ms`) and the GPU time of its kernels with the
+host out of the picture (`gpu_ms`, `flashgpt.gpu_timing`); where the first nears the second, the row measured the CPU
+rather than the GPU, and the tables mark it (`flashgpt.benchmark_tables.host_bound`).
 Autograd runs a CUDA backward on its device thread: every timed call hands it over, which wakes another CPU core
 (on a VM, often tens of µs or more), where a training step does so once per `backward()`. `--backward-thread
 caller` times the rows with the backward on the calling thread, for every provider alike, to tell kernel speed
@@ -53,6 +54,7 @@ from flashgpt.attention_reference import recover_keep_mask as recover_dropout_ma
 from flashgpt.attention_reference import reference_attention, rel_err
 from flashgpt.benchmark_tables import anchors_for, host_bound, markdown_tables, tflops_cell
 from flashgpt.command_line import command_line, csv_list, write_json
+from flashgpt.gpu_timing import gpu_ms_per_call, host_ms_per_call
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = {64: 12, 128: 16}  # GPT-2 shape at D = 64; the anchors' choice at D = 128
@@ -109,7 +111,8 @@ class Row:
     fwd_ms: float | None = None
     fwd_bwd_ms: float | None = None
     peak_extra_gib: float | None = None
-    host_ms: float | None = None  # the CPU time to issue one fwd+bwd, calls back to back (`_host_us_per_call`)
+    host_ms: float | None = None  # the CPU time to issue one fwd+bwd, calls back to back
+    gpu_ms: float | None = None  # the GPU time to run one fwd+bwd, the host out of the picture (CUDA only)
     tflops: dict[str, float] = field(default_factory=dict)  # fwd / bwd / fwd_bwd
 
 
@@ -223,8 +226,11 @@ def _measure(row: Row, fn: AttentionFn, profile: Profile, timer: Timer) -> None:
         q.grad = k.grad = v.grad = None
         fn(q, k, v, row.dropout).backward(grad_out)
 
-    calls = HOST_CALLS_PER_ROW if profile.device == "cuda" else 1  # the interpreter: a smoke test only
-    row.host_ms = _host_us_per_call(issue_fwd_bwd, calls, profile.device) * 1e-3
+    if profile.device == "cuda":
+        row.host_ms = host_ms_per_call(issue_fwd_bwd, HOST_CALLS_PER_ROW)
+        row.gpu_ms = gpu_ms_per_call(issue_fwd_bwd, HOST_CALLS_PER_ROW)
+    else:  # the interpreter: a smoke test only
+        row.host_ms = host_ms_per_call(issue_fwd_bwd, 1)
     flops = fwd_flops(row.batch, row.heads, row.seq_len, row.head_dim)
     bwd_ms = row.fwd_bwd_ms - row.fwd_ms
     row.tflops = {
@@ -237,20 +243,6 @@ def _measure(row: Row, fn: AttentionFn, profile: Profile, timer: Timer) -> None:
 HOST_SHAPE = (1, 2, 128, 64)  # B, H, T, D
 HOST_CALLS_PER_ROW = 20  # a timed row's host time: few enough calls that the GPU's launch queue never fills
 HOST_PROVIDERS = ("flash", "sdpa_cudnn", "sdpa_flash", "sdpa_mem_eff")
-
-
-def _host_us_per_call(step: Callable[[], object], calls: int, device: str) -> float:
-    for _ in range(3 if device == "cuda" else 1):  # compilation, caches
-        step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        step()
-    elapsed = time.perf_counter() - start  # before the sync: the GPU only ever trails by a few microseconds
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return elapsed / calls * 1e6
 
 
 def host_overhead(providers: Sequence[str], profile: Profile, calls: int) -> list[dict]:
@@ -276,8 +268,8 @@ def host_overhead(providers: Sequence[str], profile: Profile, calls: int) -> lis
             def forward_backward(fn=fn) -> None:
                 torch.autograd.grad(fn(q, k, v, 0.0), (q, k, v), grad_out)  # no accumulation into .grad
 
-            result["fwd_us"] = _host_us_per_call(forward, calls, profile.device)
-            result["fwd_bwd_us"] = _host_us_per_call(forward_backward, calls, profile.device)
+            result["fwd_us"] = host_ms_per_call(forward, calls) * 1e3
+            result["fwd_bwd_us"] = host_ms_per_call(forward_backward, calls) * 1e3
         except RuntimeError as err:
             result["status"] = "skipped" if _is_unsupported(err) else "error"
             result["reason"] = str(err)[:300]
@@ -312,7 +304,7 @@ def bench_row(row: Row, profile: Profile, timer: Timer) -> Row:
         except Exception as err:  # one provider's failure must not end the sweep
             row.status, row.reason = "error", f"{type(err).__name__}: {err}"[:500]
     if row.status != "ok":
-        row.tflops, row.fwd_ms, row.fwd_bwd_ms, row.peak_extra_gib, row.host_ms = {}, None, None, None, None
+        row.tflops, row.fwd_ms, row.fwd_bwd_ms, row.peak_extra_gib, row.host_ms, row.gpu_ms = {}, *[None] * 5
     gc.collect()  # the traceback held the failed config's tensors
     if profile.device == "cuda":
         torch.cuda.empty_cache()
@@ -335,7 +327,9 @@ def _progress(row: Row) -> str:
     if row.status != "ok":
         return f"{where}: {row.status} ({row.reason})"
     mem = f", {row.peak_extra_gib:.2f} GiB" if row.peak_extra_gib is not None else ""
-    host = f" (host {row.host_ms:.3f} of {row.fwd_bwd_ms:.3f} ms{', host-bound' if host_bound(asdict(row)) else ''})"
+    gpu = f", GPU {row.gpu_ms:.3f}" if row.gpu_ms is not None else ""
+    bound = ", host-bound" if host_bound(asdict(row)) else ""
+    host = f" (host {row.host_ms:.3f}{gpu} of {row.fwd_bwd_ms:.3f} ms{bound})"
     return f"{where}: {tflops_cell(row.tflops)} TFLOP/s{mem}{host}"
 
 

@@ -16,7 +16,9 @@ fwd = 4·D·pairs, fwd+bwd = 3.5·fwd (bwd = 2.5·fwd, as in bench_attention.py)
 With dropout 0.1 (FlexAttention has none) our masked kernel is compared with our dense kernel, both at 0.1.
 Masks are built once per case, outside the timing, for both: `flash_mask` (the tile schedules) and FlexAttention's
 `create_block_mask`, as a model builds them once per batch for all its layers. host_ms is the CPU time to issue one
-fwd+bwd (a loop that never waits for the GPU): where it nears fwd_bwd_ms, the call is bound by the host.
+fwd+bwd and gpu_ms the GPU time to run it, each with the other out of the picture (`flashgpt.gpu_timing`): where
+host_ms nears gpu_ms, the call is bound by the host (marked † in the table), and x_dense_gpu gives the ratio the
+kernels reach where the host keeps ahead of them, as in a model's step of many layers.
 
 Before timing, every mask is checked on fresh random inputs against an fp32 PyTorch reference that applies
 `dense_mask` (ours and FlexAttention: o, dq, dk, dv; on the GPU at 4K, and ours again at 16K, where masked calls take
@@ -51,7 +53,9 @@ from torch import Tensor
 from flashgpt.attention_masks import dense_mask
 from flashgpt.attention_reference import recover_keep_mask as recover_dropout_mask
 from flashgpt.attention_reference import reference_attention, rel_err
+from flashgpt.benchmark_tables import HOST_BOUND_NOTE, host_bound
 from flashgpt.command_line import command_line, csv_list, write_json
+from flashgpt.gpu_timing import gpu_ms_per_call, host_ms_per_call
 from flashgpt.model.sparsity import BlockSparseConfig, build_block_mask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +69,7 @@ HEADS = 12
 HEAD_DIM = 64
 TARGET_DENSITY = 0.15
 DROPOUT = 0.1
+HOST_CALLS = 20  # fwd+bwd steps timed for host_ms and gpu_ms
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 1e-4}
 
 
@@ -111,9 +116,11 @@ class Row:
     fwd_ms: float | None = None
     fwd_bwd_ms: float | None = None
     host_ms: float | None = None  # CPU time to issue one fwd+bwd
+    gpu_ms: float | None = None  # GPU time to run one fwd+bwd, the host out of the picture
     tflops: dict[str, float] = field(default_factory=dict)  # effective: fwd / fwd_bwd
     x_flex: float | None = None
     x_dense: float | None = None
+    x_dense_gpu: float | None = None  # x_dense from the GPU times: what the kernels do where the host keeps up
 
 
 # --- masks ------------------------------------------------------------------------------------------------
@@ -336,21 +343,10 @@ def measure(row: Row, fn: Callable[[Tensor, Tensor, Tensor], Tensor], profile: P
 
     row.fwd_ms = bench(lambda: fn(q, k, v))
     row.fwd_bwd_ms = bench(fwd_bwd)
-    row.host_ms = host_ms(fwd_bwd)
+    row.host_ms = host_ms_per_call(fwd_bwd, HOST_CALLS)
+    row.gpu_ms = gpu_ms_per_call(fwd_bwd, HOST_CALLS)
     flops = 4 * HEAD_DIM * row.visible_pairs
     row.tflops = {"fwd": flops / row.fwd_ms * 1e-9, "fwd_bwd": 3.5 * flops / row.fwd_bwd_ms * 1e-9}
-
-
-def host_ms(step: Callable[[], None], reps: int = 20) -> float:
-    """CPU time to issue one step: the loop never waits for the GPU, whose queue (~1000 launches) does not fill in
-    20 steps, so only the host's work is timed."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(reps):
-        step()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / reps * 1e3
 
 
 def bench_row(row: Row, make_fn: Callable[[], Callable], profile: Profile) -> Row:
@@ -384,7 +380,8 @@ def bench_seq_len(seq_len: int, masks: Sequence[str], providers: Sequence[str], 
 
 
 def add_ratios(rows: list[Row]) -> None:
-    """x_flex (FlexAttention time / ours, same mask) and x_dense (ours / our dense causal TFLOP/s, same dropout)."""
+    """x_flex (FlexAttention time / ours, same mask) and x_dense (ours / our dense causal TFLOP/s, same dropout),
+    also from the GPU times alone (x_dense_gpu)."""
     ok = {(r.mask, r.provider, r.dropout): r for r in rows if r.status == "ok"}
     for row in rows:
         if row.status != "ok" or row.provider != "flash":
@@ -395,6 +392,8 @@ def add_ratios(rows: list[Row]) -> None:
         dense = ok.get(("dense", "flash", row.dropout))
         if dense is not None:
             row.x_dense = row.tflops["fwd_bwd"] / dense.tflops["fwd_bwd"]
+            if row.gpu_ms is not None and dense.gpu_ms is not None:
+                row.x_dense_gpu = (row.visible_pairs / row.gpu_ms) / (dense.visible_pairs / dense.gpu_ms)
 
 
 def progress(row: Row) -> str:
@@ -402,36 +401,51 @@ def progress(row: Row) -> str:
     if row.status != "ok":
         return f"{where}: {row.status} ({row.reason})"
     return (
-        f"{where}: {row.fwd_bwd_ms:9.3f} ms fwd+bwd ({row.host_ms:.3f} ms host), {row.tflops['fwd_bwd']:6.1f} "
-        "effective TFLOP/s"
+        f"{where}: {row.fwd_bwd_ms:9.3f} ms fwd+bwd ({row.host_ms:.3f} ms host, {_ms(row.gpu_ms)} GPU), "
+        f"{row.tflops['fwd_bwd']:6.1f} effective TFLOP/s"
     )
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} ms"
+
+
 def markdown_table(rows: Sequence[dict]) -> str:
-    """One line per (T, mask): density, fwd+bwd ms (and our host ms) and effective TFLOP/s of ours / FlexAttention
-    / ours with dropout, and the two ratios (the dropout row's x_dense is against our dense kernel with dropout)."""
-    header = ["T", "mask", "density", "ours ms", "ours host ms", "flex ms", "ours TFLOP/s", "flex TFLOP/s",
+    """One line per (T, mask): density, fwd+bwd ms (and our host and GPU ms) and effective TFLOP/s of ours /
+    FlexAttention / ours with dropout, and the two ratios (the dropout row's x_dense is against our dense kernel with
+    dropout). x dense reads "measured (from the GPU times)"; a time that measured the host is marked †."""
+    header = ["T", "mask", "density", "ours ms", "ours host / GPU ms", "flex ms", "ours TFLOP/s", "flex TFLOP/s",
               "x flex", "x dense", f"ours p={DROPOUT} ms", f"p={DROPOUT} TFLOP/s", f"p={DROPOUT} x dense"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     keyed = {(r["seq_len"], r["mask"], r["provider"], r["dropout"]): r for r in rows}
 
-    def get(r: dict | None, what: str) -> str:
-        if r is None:
-            return ""
-        if r["status"] != "ok":
-            return r["status"].upper()
-        value = r["fwd_bwd_ms"] if what == "ms" else r["tflops"]["fwd_bwd"] if what == "tflops" else r[what]
-        return "" if value is None else f"{value:.2f}" if what != "tflops" else f"{value:.0f}"
+    def number(r: dict | None, key: str, digits: int = 2) -> str:
+        return "" if r is None or r.get(key) is None else f"{r[key]:.{digits}f}"
+
+    def ms(r: dict | None) -> str:
+        if r is None or r["status"] != "ok":
+            return "" if r is None else r["status"].upper()
+        return f"{r['fwd_bwd_ms']:.2f}" + (" †" if host_bound(r) else "")
+
+    def tflops(r: dict | None) -> str:
+        return "" if r is None or r["status"] != "ok" else f"{r['tflops']['fwd_bwd']:.0f}"
+
+    def x_dense(r: dict | None) -> str:
+        gpu = number(r, "x_dense_gpu")
+        return number(r, "x_dense") + (f" ({gpu})" if gpu else "")
+
+    def host_gpu(r: dict | None) -> str:
+        return " / ".join(filter(None, (number(r, "host_ms"), number(r, "gpu_ms"))))
 
     for seq_len, mask in dict.fromkeys((r["seq_len"], r["mask"]) for r in rows):
         ours, flex = keyed.get((seq_len, mask, "flash", 0.0)), keyed.get((seq_len, mask, "flex", 0.0))
         drop = keyed.get((seq_len, mask, "flash", DROPOUT))
         density = next(r["density"] for r in (ours, flex, drop) if r is not None)
-        cells = [str(seq_len), mask, f"{density:.3f}", get(ours, "ms"), get(ours, "host_ms"), get(flex, "ms"),
-                 get(ours, "tflops"),
-                 get(flex, "tflops"), get(ours, "x_flex"), get(ours, "x_dense"), get(drop, "ms"),
-                 get(drop, "tflops"), get(drop, "x_dense")]  # fmt: skip
+        cells = [str(seq_len), mask, f"{density:.3f}", ms(ours), host_gpu(ours), ms(flex), tflops(ours), tflops(flex),
+                 number(ours, "x_flex"), x_dense(ours), ms(drop), tflops(drop), x_dense(drop)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    if any(host_bound(r) for r in rows):
+        lines += ["", HOST_BOUND_NOTE]
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from flashgpt.attention_reference import reference_attention
 from flashgpt.benchmark_tables import ANCHORS, HOST_BOUND_NOTE, markdown_tables
+from flashgpt.gpu_timing import host_ms_per_call
 from flashgpt.training import run_report as report
 from flashgpt.training import study, study_report, sweep
 from flashgpt.training.config import grad_accum_steps, register_configs, typed_config, validate
@@ -443,17 +444,64 @@ def test_ab_kernels_schedules_each_version_s_masks_as_its_flash_mask_does(tmp_pa
 
 
 def test_tables_mark_the_rows_that_measured_the_host() -> None:
-    """A row whose fwd+bwd took the CPU ≥ 90% of its time to issue is marked †, with the note under its table;
-    rows without a host time (JSON from before it was recorded) and failed rows never are."""
-    rows = [_bench_row("flash", t, 0.0, 300.0) for t in (1024, 2048, 4096)] + [_bench_row("naive", 1024, 0.0, None)]
-    for row, host_ms in zip(rows, (0.95, 0.5, None, 2.0), strict=True):
-        row["fwd_bwd_ms"], row["host_ms"] = 1.0, host_ms
+    """A row whose fwd+bwd took the CPU ≥ 90% of its kernels' GPU time to issue is marked †, however long the timed
+    call read, with the note under its table; rows without both times (JSON from before they were recorded) and
+    failed rows never are."""
+    seq_lens = (1024, 2048, 4096, 8192, 16384)
+    rows = [_bench_row("flash", t, 0.0, 300.0) for t in seq_lens] + [_bench_row("naive", 1024, 0.0, None)]
+    times = ((0.95, 1.0), (0.5, 1.0), (None, 1.0), (0.95, None), (0.6, 0.65), (2.0, 1.0))  # host, GPU
+    for row, (host_ms, gpu_ms) in zip(rows, times, strict=True):
+        row["fwd_bwd_ms"], row["host_ms"], row["gpu_ms"] = 1.0, host_ms, gpu_ms
     table = markdown_tables(rows)
     cells = _table_row(table, "| flash |").strip("| ").split(" | ")[1:]
-    assert [cell.endswith(" †") for cell in cells] == [True, False, False]
-    assert _table_row(table, "| naive |").endswith("| OOM |  |  |")
+    assert [cell.endswith(" †") for cell in cells] == [True, False, False, False, True]
+    assert _table_row(table, "| naive |") == "| naive | OOM |  |  |  |  |"
     assert table.count(HOST_BOUND_NOTE) == 1
-    assert HOST_BOUND_NOTE not in markdown_tables(rows[1:])
+    assert HOST_BOUND_NOTE not in markdown_tables([rows[1], rows[2], rows[3], rows[5]])
+
+
+def test_mask_table_marks_the_host_and_gives_the_kernels_ratio() -> None:
+    """bench_masks' table: x dense reads "measured (from the GPU times)", and a time whose host needed ≥ 90% of its
+    GPU time is marked †, with the note under the table."""
+    import bench_masks  # imported here, after the kernels (as tests/test_kernel_masks.py does)
+
+    def row(mask: str, provider: str, dropout: float, density: float, ms: float, host: float, gpu: float):
+        pairs = round(density * 1_000_000)
+        r = bench_masks.Row(mask, provider, 4096, 4, dropout, density, pairs, fwd_ms=ms / 3, fwd_bwd_ms=ms)
+        r.host_ms, r.gpu_ms = host, gpu
+        r.tflops = {"fwd": 1.0, "fwd_bwd": pairs / ms}
+        return r
+
+    rows = [
+        row("dense", "flash", 0.0, 1.0, 1.0, 0.4, 1.0),
+        row("dense", "flex", 0.0, 1.0, 1.5, 0.6, 1.5),
+        row("dense", "flash", 0.1, 1.0, 1.2, 0.4, 1.2),
+        row("documents", "flash", 0.0, 0.2, 0.5, 0.45, 0.25),  # host-bound: 0.45 ≥ 0.9 × 0.25
+        row("documents", "flex", 0.0, 0.2, 0.75, 0.5, 0.7),
+        row("documents", "flash", 0.1, 0.2, 0.4, 0.2, 0.4),
+    ]
+    bench_masks.add_ratios(rows)
+    documents = rows[3]
+    assert documents.x_flex == pytest.approx(1.5) and documents.x_dense == pytest.approx(0.4)
+    assert documents.x_dense_gpu == pytest.approx(0.8)  # 0.2 of the pairs in 0.25 of the dense kernels' GPU time
+    table = bench_masks.markdown_table([vars(r) for r in rows])
+    lines = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| 4096 |")}
+    assert lines["dense"] == (
+        "| 4096 | dense | 1.000 | 1.00 | 0.40 / 1.00 | 1.50 | 1000000 | 666667 | 1.50 | 1.00 (1.00) | 1.20 | 833333 "
+        "| 1.00 (1.00) |"
+    )
+    assert lines["documents"] == (
+        "| 4096 | documents | 0.200 | 0.50 † | 0.45 / 0.25 | 0.75 | 400000 | 266667 | 1.50 | 0.40 (0.80) | 0.40 "
+        "| 500000 | 0.60 (0.60) |"
+    )
+    assert table.endswith("\n\n" + HOST_BOUND_NOTE)
+    assert HOST_BOUND_NOTE not in bench_masks.markdown_table([vars(r) for r in rows[:3]])
+
+
+def test_host_time_per_call_runs_the_step_warmup_and_calls_times() -> None:
+    calls = []
+    ms = host_ms_per_call(lambda: calls.append(1), calls=5, warmup=1)
+    assert len(calls) == 6 and ms >= 0
 
 
 @pytest.mark.parametrize("thread", ["device", "caller"])
