@@ -23,6 +23,10 @@ from that hand-off.
     python scripts/bench_attention.py --check-only --head-dims 40,80,96,160,256   # + checks at those head dims
     python scripts/bench_attention.py --out $OUT           # write $OUT/<device-slug>-<date>.json
 
+The check compares o, lse, dq, dk and dv with an fp32 reference (with dropout: under the kernel's own keep-mask, and
+its seeds and bias), and repeats `deterministic=True` calls, which must give bit-identical gradients, as must
+`torch.use_deterministic_algorithms(True)`.
+
 Without CUDA the kernel runs in Triton's interpreter at tiny fp32 shapes (a smoke path, numbers meaningless).
 Exit status: 1 if the correctness check fails, else 0 (unsupported or out-of-memory configs are recorded).
 """
@@ -95,6 +99,7 @@ class Profile:
     # Seeds of the mask check, one call each on a case's signature: from the third, a call replays its bound
     # launches (`kernels/launch_plans.py`), which must pass each call's seed and offset to every pass.
     mask_seeds: tuple[int, ...] = (1234,)
+    determinism_cases: tuple[CheckCase, ...] = ()  # deterministic=True repeated, without and with dropout
     max_heads: int | None = None  # caps heads_for(D) in the timed rows
 
 
@@ -461,6 +466,37 @@ def check_dropout_seeds(case: CheckCase, profile: Profile, p: float, n_seeds: in
     return {**flags, "bias_ratio": ratio, "passed": all(flags.values()) and ratio <= BIAS_RATIO_MAX}
 
 
+def check_deterministic_repeats(case: CheckCase, profile: Profile, p: float, seed: int = 1234) -> dict:
+    """`deterministic=True` gives bit-identical dq, dk, dv from call to call (with dropout, under one seed), and
+    `torch.use_deterministic_algorithms(True)` takes the same backward when `deterministic` is left as None."""
+    inputs = _inputs(case, profile)
+    grad_out = torch.randn_like(inputs[0])
+
+    def grads(deterministic: bool | None) -> list[Tensor]:
+        q, k, v = (x.detach().requires_grad_() for x in inputs)
+        attend = functools.partial(
+            _flash_kernel(), q, k, v, causal=case.causal, dropout_p=p, deterministic=deterministic
+        )
+        _seeded(seed, attend).backward(grad_out)
+        return [q.grad, k.grad, v.grad]
+
+    first, again = grads(True), grads(True)
+    enabled, warn_only = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn_only: the check's own ops may have no such mode
+    try:
+        by_flag = grads(None)
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    flags = {
+        "repeat_equal": all(map(torch.equal, first, again)),
+        "torch_flag_equal": all(map(torch.equal, first, by_flag)),
+    }
+    return {**flags, "passed": all(flags.values())}
+
+
 def _guarded(name: str, fn: Callable[[], dict]) -> dict:
     """A check that raises is a failed check with its reason, not a crash."""
     try:
@@ -476,7 +512,8 @@ def _guarded(name: str, fn: Callable[[], dict]) -> dict:
 
 def _brief(result: dict) -> str:
     parts = [f"{n}={e:.1e}" for n, e in result.get("rel_err", {}).items()]
-    flags = ("heads_differ", "same_seed_equal", "next_call_differs", "other_seed_differs", "error")
+    flags = ("heads_differ", "same_seed_equal", "next_call_differs", "other_seed_differs", "repeat_equal",
+             "torch_flag_equal", "error")  # fmt: skip
     parts += [f"{n}={result[n]:.3g}" for n in ("keep_rate", "bias_ratio") if n in result]
     parts += [f"{n}={result[n]}" for n in flags if n in result]
     return " ".join(parts)
@@ -499,6 +536,10 @@ def run_checks(profile: Profile, p: float = CHECK_DROPOUT_P) -> dict:
         results.append(
             _guarded(f"{name}: seeds", lambda c=c: check_dropout_seeds(c, profile, p, profile.dropout_seeds))
         )
+    for c in profile.determinism_cases:
+        for drop in (0.0, p):
+            check = functools.partial(check_deterministic_repeats, c, profile, drop)
+            results.append(_guarded(f"deterministic, dropout {drop}, {_case_name(c)}: repeated", check))
     return {"passed": all(r["passed"] for r in results), "dtype": str(profile.dtype), "results": results}
 
 
@@ -546,6 +587,11 @@ def gpu_profile(quick: bool, head_dims: Sequence[int]) -> Profile:
         dropout_cases=tuple((dropout[:1] if quick else dropout) + extra_dropout),
         dropout_seeds=64,
         mask_seeds=(1234, 1235, 1236),
+        determinism_cases=(  # dense, ragged, packed: the split passes that deterministic=True takes everywhere
+            CheckCase(2, 12, 4096, 64, causal=True),
+            CheckCase(1, 12, 3000, 64, causal=True),
+            CheckCase(1, 16, 4096, 128, causal=True, packed=True),
+        ),
     )
 
 
@@ -565,6 +611,7 @@ def cpu_profile(head_dims: Sequence[int] = ()) -> Profile:
         ),
         dropout_cases=(CheckCase(2, 2, 64, 64, causal=True), *extra_dropout),
         dropout_seeds=32,
+        determinism_cases=(CheckCase(1, 2, 80, 64, causal=True),),
         max_heads=2,
     )
 

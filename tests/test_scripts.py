@@ -302,15 +302,41 @@ def test_bench_records_unsupported_providers_and_writes_json(tmp_path: Path) -> 
 
 
 def test_bench_check_only_cpu_smoke(tmp_path: Path) -> None:
-    """The real kernel through Triton's interpreter at tiny fp32 shapes: accuracy and dropout checks pass."""
+    """The real kernel through Triton's interpreter at tiny fp32 shapes: accuracy, dropout and determinism checks
+    pass."""
     out = tmp_path / "check.json"
     done = _run_bench("--check-only", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     check = json.loads(out.read_text())["check"]
     assert check["passed"] and check["dtype"] == "torch.float32"
-    assert len(check["results"]) == 5
+    assert len(check["results"]) == 7
+    repeats = [r for r in check["results"] if r["name"].startswith("deterministic")]
+    assert [r["name"] for r in repeats] == [
+        f"deterministic, dropout {p}, causal B=1 H=2 T=80 D=64: repeated"
+        for p in (0.0, bench_attention.CHECK_DROPOUT_P)
+    ]
+    assert all(r["repeat_equal"] and r["torch_flag_equal"] for r in repeats)
     for result in check["results"]:  # fp32 in the interpreter is exact up to rounding (and 16-bit dropout thresholds)
         assert all(err < 1e-4 for err in result.get("rel_err", {}).values()), result
+
+
+@pytest.mark.parametrize("reproducible", [True, False])
+def test_determinism_check_compares_repeated_gradients(monkeypatch: pytest.MonkeyPatch, reproducible: bool) -> None:
+    """Two calls with deterministic=True and one with deterministic=None under torch's deterministic mode, which is
+    switched back off afterwards; a backward whose gradients change from call to call fails the check."""
+    seen = []
+
+    def attend(q, k, v, causal, dropout_p, deterministic):
+        seen.append((deterministic, torch.are_deterministic_algorithms_enabled()))
+        scale = 1.0 if reproducible else 1.0 + len(seen) / 8  # each call's gradients differ
+        return q * scale + k + v
+
+    monkeypatch.setattr(bench_attention, "_flash_kernel", lambda: attend)
+    case = bench_attention.CheckCase(1, 2, 16, 16, causal=True)
+    result = bench_attention.check_deterministic_repeats(case, bench_attention.cpu_profile(), 0.0)
+    assert seen == [(True, False), (True, False), (None, True)]
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert result == {"repeat_equal": reproducible, "torch_flag_equal": reproducible, "passed": reproducible}
 
 
 def _sweep(out: Path, *options: str) -> subprocess.CompletedProcess:
