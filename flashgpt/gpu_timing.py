@@ -15,7 +15,7 @@ def host_ms_per_call(step: Callable[[], object], calls: int, warmup: int = 3) ->
     """Milliseconds of CPU time to issue one `step`, timed over `calls` steps back to back. On CUDA the loop never
     waits for the GPU: a few steps stay far below its launch queue (~1000 launches), so only the host is timed."""
     cuda = torch.cuda.is_available()
-    for _ in range(warmup if cuda else min(warmup, 1)):  # compilation, caches
+    for _ in range(warmup if cuda else min(warmup, 1)):  # compilation, caches; once in Triton's slow interpreter
         step()
     if cuda:
         torch.cuda.synchronize()
