@@ -104,6 +104,15 @@ def schedule_layout(
     return layout, offset
 
 
+def canonical_document_ids(document_ids: Tensor) -> Tensor:
+    """(B, Tk) int32: for each position, the first position of its row that carries the same id. Two positions get
+    equal values exactly where their ids are equal, so the kernels compare one 32-bit word per pair: int64 ids took
+    two compares an element, and the masked steps ran out of predicate registers (ptxas packed the comparisons'
+    bits into a register, three more instructions an element)."""
+    sorted_ids, order = torch.sort(document_ids, dim=1, stable=True)
+    return order.gather(1, torch.searchsorted(sorted_ids, document_ids)).to(torch.int32)
+
+
 def _document_spans(row_ids: Tensor, col_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per row of row_ids (B, R) against col_ids (B, C): the first column carrying its id (C if none), one past
     the last (0 if none), and whether exactly the columns in between carry it. Ids need not be sorted."""
@@ -196,7 +205,8 @@ class FlashMask:
     builds for the tiles the passes launch with. Pass it to every call with these masks: `flash_attention(q, k, v,
     mask=...)`; the operators get it back from `operator_args`.
 
-    window_size is None or < Tk; document_ids (B, Tk) with unit stride and block_mask (H or 1, ceil(Tq /
+    window_size is None or < Tk; document_ids (B, Tk) with unit stride (`build` makes them int32,
+    `canonical_document_ids`) and block_mask (H or 1, ceil(Tq /
     block_size), ceil(Tk / block_size)) bool, contiguous, both on one device. schedule: every tiling's tensors,
     flattened one after another in the order of `tiles` (documents' ranges, then kept-tile counts and indices, each
     padded to a multiple of ALIGN entries); None without documents and block mask. passes: those the tiles were
@@ -236,7 +246,7 @@ class FlashMask:
             return "queries" if seq_len_q == seq_len_k else rows
 
         if document_ids is not None:
-            document_ids = document_ids.contiguous()  # the kernels read ids with unit stride
+            document_ids = canonical_document_ids(document_ids)  # int32, unit stride, as the kernels read them
             query_ids = document_ids[:, seq_len_k - seq_len_q :].contiguous()
             ids = {"queries": (query_ids, document_ids), "keys": (document_ids, query_ids)}  # (rows, columns)
             spans: dict[str, tuple[Tensor, Tensor, Tensor]] = {}

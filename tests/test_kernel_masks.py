@@ -394,6 +394,19 @@ def test_prebuilt_mask_under_torch_compile(seed):
             assert torch.equal(got, want), f"dynamic={dynamic} (seed {seed})"
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_document_ids_reach_the_kernels_as_int32_with_the_same_equalities(seed):
+    """The kernels compare 32-bit ids: a built mask's ids are int32 and equal exactly where the given ones are,
+    for int64 ids beyond int32's range, negative ones, and documents that come back after another."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.tensor([-(2**62), -7, 0, 2**31, 2**40 + 3, 2**62])
+    ids = labels[torch.randint(len(labels), (3, 61), generator=generator)]
+    mask = FlashMask.build(61, 61, (("queries", 16, 16),), document_ids=ids)
+    got = mask.document_ids
+    assert got.dtype == torch.int32 and got.is_contiguous()
+    assert torch.equal(got[:, :, None] == got[:, None, :], ids[:, :, None] == ids[:, None, :])
+
+
 def test_schedule_tensors_start_16_byte_aligned():
     """Each tiling's tensors are views into one packed schedule, each starting on a 16-byte boundary as a tensor of
     its own would (Triton specialises on pointer alignment), with the shapes of their tiling."""
