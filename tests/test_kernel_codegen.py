@@ -59,9 +59,10 @@ CASES = {  # kernel_sass.py's arguments
 # (the mask's counters and stream beside dK and dV) it reloads one word a query tile inside the walk, at both head
 # dims (results/tuning/h200-2026-11-27-dkdv-dropout/). The Gluon dQ pass with dropout at D = 64 keeps two words
 # across its walk. Under a sliding window the dK/dV pass keeps the bounds of its runs (stored before the walk,
-# reloaded after each loop, never inside one). At D = 128 under documents it spills inside its walk too (80 bytes,
-# unmeasured: the next thing to look at there). The Gluon fused backward with a dQ warpgroup takes 24 bytes under
-# documents (at 64K it still ran 1.10x the split passes: results/tuning/h200-2026-11-28-dq-warpgroup-all/); with
+# reloaded after each loop, never inside one). At D = 128 under documents it spills inside its walk too (48 bytes
+# since document ids reach the kernels as int32, 80 before; unmeasured: the next thing to look at there). The Gluon
+# fused backward with a dQ warpgroup takes 8 bytes under documents (24 with int64 ids; at 64K it still ran 1.10x the
+# split passes: results/tuning/h200-2026-11-28-dq-warpgroup-all/); with
 # dropout under masks it runs 32-query tiles, on which it spills nothing but 16 bytes under a block mask with a dQ
 # warpgroup (on 64-query tiles its masked steps spilled 112-176 bytes: results/tuning/h200-2026-11-27-masked-dropout/,
 # and with a dQ warpgroup 16-112: results/tuning/h200-2026-11-28-masked-dq-warpgroup/).
@@ -74,8 +75,8 @@ KNOWN_SPILLS = {
     ("D128 4K Gluon dropout", "bwd_dkdv_hopper"): 16,
     ("D64 8K Gluon window", "bwd_dkdv_hopper"): 24,
     ("D128 4K Gluon window dropout", "bwd_dkdv_hopper"): 24,
-    ("D128 4K Gluon documents", "bwd_dkdv_hopper"): 80,
-    ("D64 16K Gluon documents", "bwd_fused_hopper"): 24,
+    ("D128 4K Gluon documents", "bwd_dkdv_hopper"): 48,
+    ("D64 16K Gluon documents", "bwd_fused_hopper"): 8,
     ("D64 16K Gluon blocks dropout", "bwd_fused_hopper"): 16,
     ("D128 16K Gluon dropout forward", "fwd_hopper"): 8,  # 128 x 128 tiles with the mask's draws: one word
 }

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Prepared 2026-11-28 for the next session's first device call (rename the folder h200-<date>-masked-stalls once it
-# has run, and write down what it found in a README.md beside this script).
-#   bash results/tuning/next-masked-stalls/run_gpu.sh check    # issue 15's last criterion: bench_attention's GPU
-#       check, which now repeats deterministic=True calls (bit-identical dq, dk, dv) (~3 min)
-#   bash results/tuning/next-masked-stalls/run_gpu.sh stalls   # issue 16: Nsight Compute with source counters
-#       and warp-state sampling on one fwd+bwd, dense and documents, T = 16K (~4 min): which stalls a masked step
-#       pays that a dense one does not
-#   bash results/tuning/next-masked-stalls/run_gpu.sh masks    # the mask tables' GPU-time columns at 16K and 64K
-#       (~4 min, plus FlexAttention's first compile at each length)
+# The device calls of 2026-11-29's first session (README.md beside this script says what they found), with
+# D=results/tuning/h200-2026-11-29-masked-stalls:
+#   bash $D/run_gpu.sh check    # issue 15's last criterion: bench_attention's GPU check, which repeats
+#                               # deterministic=True calls (bit-identical dq, dk, dv) (~4 min)
+#   bash $D/run_gpu.sh stalls   # issue 16: Nsight Compute with source counters and warp-state sampling on one
+#                               # fwd+bwd, dense and documents, T = 16K (~30 s): what a masked call pays that a
+#                               # dense one does not
+#   bash $D/run_gpu.sh masks    # the mask tables at 16K and 64K (~4 min, plus FlexAttention's first compile at
+#                               # each length; the session ran them flash-only and 16K with every provider instead)
 # Run from the repository root; results under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/masked-stalls}
