@@ -20,6 +20,11 @@ from training_runs import REPO, assert_ok, finish, read_metrics, read_result, st
 # losses equal to the last bit or 5e-7, gradients within 1.1e-6 of their largest entry.
 LOSS_TOL = {"rtol": 1e-6, "atol": 1e-6}
 GRAD_TOL = 1e-5  # of the tensor's largest gradient
+# train.py runs compare three optimizer steps: from step 2 on, each AdamW update carries the summation-order
+# differences of the gradients (up to 1.1e-6 of a gradient's largest entry, above) into the weights, scaled by the
+# update's normalisation. Measured on two machines: step 2's gradient norm 1.5e-6 apart (relative) on one, within
+# 1e-6 on the other (step 1 to the last bit on both); 1e-5 is the gradients' own bound above.
+TRAIN_TOL = {"rtol": 1e-5, "atol": 1e-6}
 # One intra-op thread a process, as torchrun gives its workers: on the 2 shared cores of CI more only contend
 # (measured 70x slower on tiny matmuls under load).
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -95,9 +100,9 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert [m["step"] for m in metrics] == [m["step"] for m in reference_metrics] == [1, 2, 3]
     for key in ("train/loss", "train/grad_norm"):
         got, expected = torch.tensor([m[key] for m in metrics]), torch.tensor([m[key] for m in reference_metrics])
-        torch.testing.assert_close(got, expected, **LOSS_TOL, msg=key)
+        torch.testing.assert_close(got, expected, **TRAIN_TOL, msg=key)
     result, reference_result = read_result(run_dir), read_result(reference)
-    torch.testing.assert_close(result["val/loss"], reference_result["val/loss"], **LOSS_TOL)
+    torch.testing.assert_close(result["val/loss"], reference_result["val/loss"], **TRAIN_TOL)
     assert result["tokens_per_step"] == reference_result["tokens_per_step"] == 4 * 64
 
 
