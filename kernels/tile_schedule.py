@@ -206,11 +206,10 @@ class FlashMask:
     mask=...)`; the operators get it back from `operator_args`.
 
     window_size is None or < Tk; document_ids (B, Tk) with unit stride (`build` makes them int32,
-    `canonical_document_ids`) and block_mask (H or 1, ceil(Tq /
-    block_size), ceil(Tk / block_size)) bool, contiguous, both on one device. schedule: every tiling's tensors,
-    flattened one after another in the order of `tiles` (documents' ranges, then kept-tile counts and indices, each
-    padded to a multiple of ALIGN entries); None without documents and block mask. passes: those the tiles were
-    chosen for (flash_mask's `backward`)."""
+    `canonical_document_ids`) and block_mask (H or 1, ceil(Tq / block_size), ceil(Tk / block_size)) bool,
+    contiguous, both on one device. schedule: every tiling's tensors, flattened one after another in the order of
+    `tiles` (documents' ranges, then kept-tile counts and indices, each padded to a multiple of ALIGN entries); None
+    without documents and block mask. passes: those the tiles were chosen for (flash_mask's `backward`)."""
 
     seq_len_q: int = 0
     seq_len_k: int = 0
