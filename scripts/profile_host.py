@@ -4,6 +4,7 @@ a cProfile of the whole fwd+bwd, and cuDNN's SDPA as the peer.
 
     PYTHONPATH=. python scripts/profile_host.py --out results/tuning/host-profile.txt
     PYTHONPATH=. python scripts/profile_host.py --mask documents   # with a FlashMask built once beforehand
+    PYTHONPATH=. python scripts/profile_host.py --dropout 0.1      # flash and cuDNN calls with dropout
 
 With --mask the flash calls take a prebuilt mask (`flash_mask`, as a model step hands one to every layer) at
 T = 1024: four documents, or a random 30% block mask of 128-blocks.
@@ -82,8 +83,9 @@ def inside_autograd(step: Callable[[], object], calls: int) -> str:
     return f"inside fwd + autograd.grad ({total:.1f} us): {bodies}; launches stubbed: {stubbed:.1f} us"
 
 
-def prebuilt_mask(kind: str, shape: tuple[int, ...]) -> FlashMask:
-    """Four equal documents, or a random 30% block mask of 128-blocks, with their schedules built once."""
+def prebuilt_mask(kind: str, shape: tuple[int, ...], dropout_p: float) -> FlashMask:
+    """Four equal documents, or a random 30% block mask of 128-blocks, with their schedules built once (for calls
+    with dropout_p, whose tiles they fit)."""
     seq_len, head_dim = shape[2], shape[3]
     if kind == "documents":
         masks = {"document_ids": (torch.arange(seq_len, device="cuda") * 4 // seq_len)[None]}
@@ -91,7 +93,7 @@ def prebuilt_mask(kind: str, shape: tuple[int, ...]) -> FlashMask:
         blocks = seq_len // 128
         generator = torch.Generator().manual_seed(0)
         masks = {"block_mask": (torch.rand(1, blocks, blocks, generator=generator) < 0.3).cuda(), "block_size": 128}
-    return flash_mask(seq_len, seq_len, head_dim=head_dim, dtype=torch.bfloat16, **masks)
+    return flash_mask(seq_len, seq_len, head_dim=head_dim, dtype=torch.bfloat16, dropout_p=dropout_p, **masks)
 
 
 def main() -> None:
@@ -100,13 +102,17 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the report to this file")
     parser.add_argument("--trace", default=None, help="write a Chrome trace of 10 flash and cuDNN fwd+bwd here")
     parser.add_argument("--mask", choices=("none", "documents", "blocks"), default="none")
+    parser.add_argument("--dropout", type=float, default=0.0, help="dropout_p of the flash and cuDNN calls")
     args = parser.parse_args()
     shape = SHAPE if args.mask == "none" else (*SHAPE[:2], 1024, SHAPE[3])
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
     grad_out = torch.randn_like(q)
-    masked = {"mask": prebuilt_mask(args.mask, shape)} if args.mask != "none" else {}
+    masked = {"mask": prebuilt_mask(args.mask, shape, args.dropout)} if args.mask != "none" else {}
+    if args.dropout:
+        masked["dropout_p"] = args.dropout
     lines: list[str] = [
-        f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, shape {shape}, mask {args.mask}"
+        f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, shape {shape}, mask {args.mask}, "
+        f"dropout {args.dropout}"
     ]
 
     def flash_fwd_nograd() -> None:
@@ -121,7 +127,8 @@ def main() -> None:
 
     def cudnn_fwd_bwd() -> None:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), grad_out)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=args.dropout)
+            torch.autograd.grad(o, (q, k, v), grad_out)
 
     class Floor(torch.autograd.Function):
         """A Python autograd.Function that launches nothing: the floor of any such op's host time."""
