@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Prepared 2026-11-29 for the next session (rename the folder h200-<date>-masked-query-tiles once it has run, with a
-# README of what it found). The fused backward under masks without dropout at D = 64 on 32 × 128 tiles with the dQ
+# Ran 2026-11-29 on one H200 (README.md has the result: not kept). The
+# fused backward under masks without dropout at D = 64 on 32 × 128 tiles with the dQ
 # warpgroup (as masked calls with dropout already run) instead of the dense table's 64 × 128: in the 16K profile
 # (../h200-2026-11-29-masked-stalls/) a documents program walks ~21 query tiles of which ~4.6 are masked steps (the
 # peeled diagonal, the rest of the diagonal, a document's end), each costing ~1.6x an unmasked one; 32-query tiles
 # halve the area each edge costs. Compiles for sm_90a without spills or ptxas warnings (kernel_sass.py, documents /
 # window / blocks at 16K).
-#   git apply results/tuning/next-masked-query-tiles/query_tiles_32.diff
+#   git apply results/tuning/h200-2026-11-29-masked-query-tiles/query_tiles_32.diff
 #   mkdir -p .ab/baseline && git archive HEAD kernels | tar -x -C .ab/baseline
-#   run carry=[".ab"]: bash results/tuning/next-masked-query-tiles/run_gpu.sh
+#   run carry=[".ab"]: bash results/tuning/h200-2026-11-29-masked-query-tiles/run_gpu.sh
 # Keep it only where it wins; tests/test_tuning.py's routing cases then need the new tiles.
 set -uo pipefail
 OUT=${OUT:-/tmp/masked-query-tiles}
