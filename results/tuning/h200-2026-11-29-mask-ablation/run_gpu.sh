@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Ran 2026-11-29 on one H200 (README.md). What the per-element mask tests cost the masked Gluon passes (timing
-# only: the ablated kernels compute something
-# else; ablate_none.diff, ablate_causal.diff). .ab/baseline holds HEAD's kernels; .ab/ablate_none drops every per-element test of the masked steps (the
-# forward's `_softmax` and the backward's `hide_unseen`), .ab/ablate_causal keeps only the causal one (no window or
-# document test, no query-id gathers). Each is copied over kernels/ in turn and timed against the baseline.
+# only: the ablated kernels compute something else). .ab/baseline holds HEAD's kernels; .ab/ablate_none
+# (ablate_none.diff) drops every per-element test of the masked steps (the forward's `_softmax` and the backward's
+# `hide_unseen`), .ab/ablate_causal (ablate_causal.diff) keeps only the causal one (no window or document test, no
+# query-id gathers). Each is copied over kernels/ in turn and timed against the baseline.
 set -uo pipefail
 OUT=${OUT:-/tmp/mask-ablation}
 export PYTHONPATH=$PWD:$PWD/scripts
