@@ -565,17 +565,16 @@ def flash_bwd_dkdv_hopper_kernel(
     init_ring(ring, CONSUMERS)
     fence_async_shared()
 
-    # K and V first: their loads need nothing of the walk, whose bounds (a mask's schedule) are loads of their own.
-    mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
-    for c in gl.static_range(CONSUMERS):
-        load_head_tile(k_desc, b, h, start_n + c * KEYS, kv_ready, k_smem.index(c))
-        load_head_tile(v_desc, b, h, start_n + c * KEYS, kv_ready, v_smem.index(c))
-
     shift = seq_len_k - seq_len_q
     masks = (window_size, documents, blocks)
     lo, n_tiles, hi, kept, docs, doc_range = key_tile_walk(
         tile, b, h, shift, seq_len_q, masks, BLOCK_M, BLOCK_N, CAUSAL, WINDOW
     )
+
+    mbarrier.expect(kv_ready, 2 * CONSUMERS * k_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        load_head_tile(k_desc, b, h, start_n + c * KEYS, kv_ready, k_smem.index(c))
+        load_head_tile(v_desc, b, h, start_n + c * KEYS, kv_ready, v_smem.index(c))
 
     row_start = bh.to(gl.int64) * seq_len_q
     rows = (LSE + row_start, Delta + row_start, seq_len_q)

@@ -334,11 +334,6 @@ def flash_bwd_dq_hopper_kernel(
         mbarrier.init(ring[1].index(i), count=1)
     fence_async_shared()
 
-    # Q and dO first: their loads need nothing of the walk, whose bounds (a mask's schedule) are loads of their own.
-    mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes)
-    load_head_tile(q_desc, b, h, start_m, qdo_ready, q_smem)
-    load_head_tile(do_desc, b, h, start_m, qdo_ready, do_smem)
-
     masks = (window_size, documents, blocks)
     # Key tiles [b, t_hi) cross the diagonal or the end of the keys, [a, b) are seen whole by every row, and (under
     # a window or documents) [t_lo, a) cross its lower edge or a document's start.
@@ -355,6 +350,10 @@ def flash_bwd_dq_hopper_kernel(
         walk = (n_tiles - n_full, n_tiles, n_tiles, n_tiles)
         walk_lo = 0
     shift = seq_len_k - seq_len_q
+
+    mbarrier.expect(qdo_ready, 2 * q_desc.block_type.nbytes)
+    load_head_tile(q_desc, b, h, start_m, qdo_ready, q_smem)
+    load_head_tile(do_desc, b, h, start_m, qdo_ready, do_smem)
 
     row_start = bh.to(gl.int64) * seq_len_q
     heads = (

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ran 2026-11-29 on one H200 (README.md: kept for the split passes only). Every Gluon pass issues its resident
+# Ran 2026-11-29 on one H200 (README.md: not kept). Every Gluon pass issues its resident
 # tiles' loads (the forward's Q, the dQ pass's Q and dO, the dK/dV and fused passes' K and V) before it reads its
 # mask's schedule, rather than after (loads_first.diff).
 #   mkdir -p .ab/baseline && git archive HEAD kernels | tar -x -C .ab/baseline   (HEAD without the change)
