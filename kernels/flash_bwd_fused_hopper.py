@@ -115,6 +115,23 @@ from .gluon_dropout import keep_mask_t
 
 
 @gluon.jit
+def hand_ds(dq_out, step, dsT):
+    """This warpgroup's dSᵀ of its walk's step `step`, handed to the dQ warpgroup (`_dq_warpgroup`) through buffer
+    step mod DS_STAGES of its ring, which it returns; dq_out's pair = (K buffers, ds_ready, ds_free, warpgroup)."""
+    ds_smem, pair = dq_out[0], dq_out[5]
+    ds_ready, ds_free, WG = pair[1], pair[2], pair[3]
+    DS_STAGES: gl.constexpr = ds_ready.shape[0]
+    slot = step % DS_STAGES
+    mbarrier.wait(ds_free.index(slot), ((step // DS_STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
+    buffer = ds_smem.index(2 * slot + WG)
+    buffer.store(dsT)
+    fence_async_shared()
+    gl.thread_barrier()  # every thread's part of dSᵀ is written before the dQ warpgroup hears of it
+    mbarrier.arrive(ds_ready.index(slot), count=1)
+    return buffer
+
+
+@gluon.jit
 def _fused_step(
     dk,
     dv,
@@ -146,7 +163,7 @@ def _fused_step(
     qk_scale, rng, dropout_scale, seq_len_k = consts[1], consts[2], consts[3], consts[4]
     k_smem, v_smem = kv
     ready, empty, q_ring, do_ring, lse_ring, delta_ring = ring
-    ds_smem, dq_smem, dq_desc, b, h, pair = dq_out
+    ds_smem, dq_smem, dq_desc, b, h = dq_out[:5]
     PAIRED: gl.constexpr = len(ds_smem.shape) == 3  # the program's dQ warpgroup sums and sends dQ (`_dq_warpgroup`)
     STAGES: gl.constexpr = q_ring.shape[0]
     BLOCK_M: gl.constexpr = q_ring.shape[1]
@@ -200,17 +217,10 @@ def _fused_step(
         dsT = pT * (dpT - delta[None, :])
     dsT = dsT.to(dtype)
     if PAIRED:  # dSᵀ to the dQ warpgroup through a ring of DS_STAGES buffers a warpgroup
-        ds_ready, ds_free, WG = pair[1], pair[2], pair[3]
-        DS_STAGES: gl.constexpr = ds_ready.shape[0]
-        slot = step % DS_STAGES
-        mbarrier.wait(ds_free.index(slot), ((step // DS_STAGES) & 1) ^ 1)  # a fresh barrier reads as handed back
-        ds_smem.index(2 * slot + WG).store(dsT)
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's part of dSᵀ is written before the dQ warpgroup hears of it
-        mbarrier.arrive(ds_ready.index(slot), count=1)
+        ds_buffer = hand_ds(dq_out, step, dsT)
         # dK's left operand from that buffer too: from registers, beside the stores, ptxas serialises every product
         # of the kernel (C7512). This warpgroup's dK retires at the next step, before the buffer's next store.
-        dk = warpgroup_mma(ds_smem.index(2 * slot + WG), q_tile, dk, use_acc=not FIRST, is_async=True)
+        dk = warpgroup_mma(ds_buffer, q_tile, dk, use_acc=not FIRST, is_async=True)
         dv = warpgroup_mma_wait(num_outstanding=1, deps=(dv,))  # dK runs on
     else:
         ds_smem.store(dsT)
@@ -251,18 +261,10 @@ def hidden_leading_tiles(start_n, lo, mine, masked_end, shift, BLOCK_M: gl.const
 
 @gluon.jit
 def hand_zero_ds(dq_out, n_steps, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, s_layout: gl.constexpr):
-    """This warpgroup's dSᵀ for the dQ warpgroup's first n_steps steps, zeros (`_fused_step`'s hand-off)."""
-    ds_smem, pair = dq_out[0], dq_out[5]
-    ds_ready, ds_free, WG = pair[1], pair[2], pair[3]
-    DS_STAGES: gl.constexpr = ds_ready.shape[0]
-    zeros = gl.zeros([BLOCK_N, BLOCK_M], ds_smem.dtype, s_layout)
+    """This warpgroup's dSᵀ for the dQ warpgroup's first n_steps steps: zeros."""
+    zeros = gl.zeros([BLOCK_N, BLOCK_M], dq_out[0].dtype, s_layout)
     for step in range(n_steps):
-        slot = step % DS_STAGES
-        mbarrier.wait(ds_free.index(slot), ((step // DS_STAGES) & 1) ^ 1)
-        ds_smem.index(2 * slot + WG).store(zeros)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(ds_ready.index(slot), count=1)
+        hand_ds(dq_out, step, zeros)
 
 
 @gluon.jit
