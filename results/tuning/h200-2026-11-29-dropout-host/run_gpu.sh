@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Prepared 2026-11-29 for the next session (issue 15's last cell: head dim 64, 1K, dropout 0.1, host-bound). Where an
+# Ran 2026-11-29 on one H200 (README.md). Issue 15's last cell: head dim 64, 1K, dropout 0.1, host-bound. Where an
 # eager fwd+bwd with dropout spends its host time, against one without and against cuDNN's with dropout, in one
-# device call (rename the folder h200-<date>-dropout-host once it has run, with a README):
-#   bash results/tuning/next-dropout-host/run_gpu.sh
+# device call:
+#   bash results/tuning/h200-2026-11-29-dropout-host/run_gpu.sh
 # The table run of 2026-11-28 read 0.43 ms of host a call with dropout, 0.25 ms without, on the same process; other
-# processes read 0.30-0.64 ms (results/tuning/h200-2026-11-28-short-host/). `--dropout` is new in profile_host.py and
-# has not run on a GPU yet.
+# processes read 0.30-0.64 ms (results/tuning/h200-2026-11-28-short-host/).
 set -uo pipefail
 OUT=${OUT:-/tmp/dropout-host}
 export PYTHONPATH=$PWD:$PWD/scripts
