@@ -83,6 +83,7 @@ class CheckCase:
     causal: bool
     packed: bool = False  # q, k, v as strided views of one (B, T, 3, H, D) tensor, the way the model calls it
     samples: int | None = None  # compare this many (b, h) slices against the fp32 reference; None: all
+    queries: int | None = None  # Tq < Tk = seq_len: the queries are the last `queries` positions; None: Tq = Tk
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,8 @@ def _inputs(case: CheckCase, profile: Profile) -> tuple[Tensor, Tensor, Tensor]:
     if case.packed:
         qkv = torch.randn(b, t, 3, h, d, **opts).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D), strided
         return tuple(x.detach().requires_grad_() for x in qkv.unbind(0))
-    return tuple(torch.randn(b, h, t, d, **opts, requires_grad=True) for _ in range(3))
+    rows = (case.queries or t, t, t)
+    return tuple(torch.randn(b, h, n, d, **opts, requires_grad=True) for n in rows)
 
 
 def _slices(case: CheckCase) -> list[tuple[int, int]]:
@@ -521,7 +523,8 @@ def _brief(result: dict) -> str:
 
 def _case_name(case: CheckCase) -> str:
     layout = ", packed qkv" if case.packed else ""
-    shape = f"B={case.batch} H={case.heads} T={case.seq_len} D={case.head_dim}"
+    queries = f" Tq={case.queries}" if case.queries else ""
+    shape = f"B={case.batch} H={case.heads} T={case.seq_len}{queries} D={case.head_dim}"
     return f"{'causal' if case.causal else 'full'} {shape}{layout}"
 
 
@@ -568,6 +571,7 @@ def gpu_profile(quick: bool, head_dims: Sequence[int]) -> Profile:
         CheckCase(1, 12, 16384, 64, causal=False, samples=2),
         CheckCase(1, 16, 16384, 128, causal=True, samples=2),
         CheckCase(2, 16, 4096, 128, causal=True, packed=True, samples=2),  # the Gluon passes on packed qkv
+        CheckCase(2, 12, 4096, 64, causal=True, samples=3, queries=3000),  # Tq < Tk: the causal diagonal shifted
     ]
     dropout = [
         CheckCase(2, 4, 256, 64, causal=True),
@@ -607,6 +611,7 @@ def cpu_profile(head_dims: Sequence[int] = ()) -> Profile:
             CheckCase(2, 2, 128, 64, causal=True),
             CheckCase(2, 2, 128, 64, causal=False),
             CheckCase(1, 2, 100, 64, causal=True, packed=True),
+            CheckCase(1, 2, 96, 64, causal=True, queries=40),
             *extra_cases,
         ),
         dropout_cases=(CheckCase(2, 2, 64, 64, causal=True), *extra_dropout),

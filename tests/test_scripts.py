@@ -309,7 +309,8 @@ def test_bench_check_only_cpu_smoke(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     check = json.loads(out.read_text())["check"]
     assert check["passed"] and check["dtype"] == "torch.float32"
-    assert len(check["results"]) == 7
+    assert len(check["results"]) == 8
+    assert any(r["name"] == "causal B=1 H=2 T=96 Tq=40 D=64" for r in check["results"])  # queries fewer than keys
     repeats = [r for r in check["results"] if r["name"].startswith("deterministic")]
     assert [r["name"] for r in repeats] == [
         f"deterministic, dropout {p}, causal B=1 H=2 T=80 D=64: repeated"
