@@ -85,6 +85,10 @@ class CheckCase:
     samples: int | None = None  # compare this many (b, h) slices against the fp32 reference; None: all
     queries: int | None = None  # Tq < Tk = seq_len: the queries are the last `queries` positions; None: Tq = Tk
 
+    def __post_init__(self) -> None:
+        if self.queries is not None and (self.packed or not 0 < self.queries <= self.seq_len):
+            raise ValueError(f"CheckCase: queries must be in 1..seq_len, unpacked (one qkv tensor has one T): {self}")
+
 
 @dataclass(frozen=True)
 class Profile:
