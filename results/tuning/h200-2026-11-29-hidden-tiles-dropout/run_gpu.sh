@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
-# Prepared 2026-11-29 for the next session (rename the folder h200-<date>-hidden-tiles-dropout once it has run, with
-# a README). The hidden-tile skip of ../h200-2026-11-29-hidden-leading-tiles/ with dropout too (with_dropout.diff):
-# it spills 8 bytes dense and 24 under documents (kernel_sass.py, D = 64, 16K), which may or may not cost time;
-# dense calls with dropout at D = 64 take the paired fused backward from 4K, masked ones on 32 x 128 tiles from 16K
-# (two 32-query tiles hidden).
-#   git apply results/tuning/next-hidden-tiles-dropout/with_dropout.diff
-#   mkdir -p .ab/baseline && git archive HEAD kernels | tar -x -C .ab/baseline
-#   run carry=[".ab"]: bash results/tuning/next-hidden-tiles-dropout/run_gpu.sh
+# The hidden-tile skip of ../h200-2026-11-29-hidden-leading-tiles/ with dropout too (with_dropout.diff), run as:
+#   git apply with_dropout.diff; mkdir -p .ab/baseline && git archive HEAD kernels | tar -x -C .ab/baseline
+#   run carry=[".ab"]: bash results/tuning/h200-2026-11-29-hidden-tiles-dropout/run_gpu.sh
 # Keep it only where it wins; tests/test_kernel_codegen.py's KNOWN_SPILLS then need the new cases.
 set -uo pipefail
 OUT=${OUT:-/tmp/hidden-tiles-dropout}
