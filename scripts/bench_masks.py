@@ -23,7 +23,7 @@ kernels reach where the host keeps ahead of them, as in a model's step of many l
 Before timing, every mask is checked on fresh random inputs against an fp32 PyTorch reference that applies
 `dense_mask` (ours and FlexAttention: o, dq, dk, dv; on the GPU at 4K, and ours again at 16K, where masked calls take
 other passes), and with dropout against the reference under the kernel's own keep-mask (recovered with q = k = 0
-and one-hot v).
+and one-hot v; on the GPU at 1K and 16K, where masked calls with dropout take the fused backward's dQ warpgroup).
 
     python scripts/bench_masks.py --out $OUT                   # GPU: checks, then T = 4K, 16K, 64K
     python scripts/bench_masks.py --seq-lens 65536 --out $OUT  # one T
@@ -85,6 +85,9 @@ class Profile:
     # A second T for the checks without dropout, past 8K: masked calls there take the fused backward's dQ
     # warpgroup on a Hopper GPU (`launch.gluon_config`), which check_seq_len does not reach. None: no second T.
     long_check_seq_len: int | None = None
+    # Likewise with dropout: from 16K masked calls with dropout take the fused backward's dQ warpgroup on 32-query
+    # tiles, which dropout_check_seq_len does not reach. None: no second T.
+    long_dropout_check_seq_len: int | None = None
 
     def window(self, name: str, seq_len: int) -> int:
         """window_1k / window_4k, scaled down with T on the CPU so that the window is narrower than T."""
@@ -276,9 +279,9 @@ def recover_keep_mask(case: MaskCase, batch: int, seq_len: int, profile: Profile
     return recover_dropout_mask(attend, shape, seq_len, seed, device=profile.device, dtype=profile.dtype)
 
 
-def check_dropout(name: str, profile: Profile, seed: int = 1234) -> dict:
+def check_dropout(name: str, seq_len: int, profile: Profile, seed: int = 1234) -> dict:
     """With dropout: o, dq, dk, dv against the reference under the recovered keep-mask; no kept masked pair."""
-    seq_len, batch = profile.dropout_check_seq_len, 1
+    batch = 1
     case = build_case(name, seq_len, batch, profile)
     visible = dense_mask(seq_len, seq_len, causal=True, device=profile.device, **case.flash_kwargs)
     keep = recover_keep_mask(case, batch, seq_len, profile, seed)
@@ -315,11 +318,13 @@ def run_checks(masks: Sequence[str], profile: Profile, with_flex: bool) -> dict:
     results = [_guarded(f"{m} T={seq_len}", lambda m=m: check_mask(m, seq_len, profile, with_flex)) for m in masks]
     if long is not None:  # ours only: FlexAttention's check at check_seq_len suffices
         results += [_guarded(f"{m} T={long}", lambda m=m: check_mask(m, long, profile, False)) for m in masks]
-    results += [
-        _guarded(f"{m} dropout {DROPOUT} T={profile.dropout_check_seq_len}", lambda m=m: check_dropout(m, profile))
-        for m in masks
-        if m != "dense"
-    ]
+    for t in (profile.dropout_check_seq_len, profile.long_dropout_check_seq_len):
+        if t is not None:
+            results += [
+                _guarded(f"{m} dropout {DROPOUT} T={t}", lambda m=m, t=t: check_dropout(m, t, profile))
+                for m in masks
+                if m != "dense"
+            ]
     return {"passed": all(r["passed"] for r in results), "results": results}
 
 
@@ -491,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_seq_len=4096,
             dropout_check_seq_len=1024,
             long_check_seq_len=16384,
+            long_dropout_check_seq_len=16384,
         )
         if cuda
         else Profile("cpu", torch.float32, block_size=32, check_seq_len=160, dropout_check_seq_len=96)
