@@ -554,3 +554,22 @@ def test_bench_masks_check_only_and_visible_pair_count(tmp_path):
     checked = [r["check"] for r in report["check"]["results"]]
     assert checked == ["dense T=160", "documents T=160", "butterfly T=160", "documents dropout 0.1 T=96",
                        "butterfly dropout 0.1 T=96"]  # fmt: skip
+
+
+def test_bench_masks_checks_every_mask_at_each_length_the_profile_names(monkeypatch):
+    """On the GPU the checks also run at 16K, without and with dropout (where masked calls take the fused backward's
+    dQ warpgroup): each mask at every length its profile names, and one failed check fails the run."""
+    import bench_masks
+
+    seen = []
+    monkeypatch.setattr(bench_masks, "check_mask", lambda m, t, *_: seen.append((m, t)) or {"passed": True})
+    monkeypatch.setattr(bench_masks, "check_dropout", lambda m, t, *_: seen.append((m, "dropout", t)) or {
+        "passed": (m, t) != ("strided", 512)})  # fmt: skip
+    profile = bench_masks.Profile("cpu", torch.float32, block_size=32, check_seq_len=128, dropout_check_seq_len=96,
+                                  long_check_seq_len=256, long_dropout_check_seq_len=512)  # fmt: skip
+    report = bench_masks.run_checks(["dense", "documents", "strided"], profile, with_flex=False)
+    assert seen == [("dense", 128), ("documents", 128), ("strided", 128), ("dense", 256), ("documents", 256),
+                    ("strided", 256), ("documents", "dropout", 96), ("strided", "dropout", 96),
+                    ("documents", "dropout", 512), ("strided", "dropout", 512)]  # fmt: skip
+    assert [r["check"] for r in report["results"]][-1] == "strided dropout 0.1 T=512"
+    assert not report["passed"]
