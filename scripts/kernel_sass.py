@@ -10,6 +10,7 @@ change costs no GPU time:
     python scripts/kernel_sass.py --head-dim 64 --seq-len 16384 --passes fwd,bwd_dq,bwd_dkdv
     python scripts/kernel_sass.py --passes fwd --dump /tmp/sass      # also writes each kernel's SASS
     python scripts/kernel_sass.py --passes fwd --same-as /tmp/sass   # after a refactor: is the code unchanged?
+    python scripts/kernel_sass.py --passes bwd_fused_hopper --loops   # each warpgroup's step, instruction by kind
 
 --same-as compares instruction streams; where they differ only in the offsets at which the kernel's parameters sit
 in constant bank 0 (a refactor that reorders or regroups arguments), it says so and still exits 0. That the launch
@@ -170,6 +171,34 @@ def inspect(cubin: bytes, ptx: str) -> tuple[dict, str]:
     return info, sass
 
 
+def product_loops(sass: str) -> list[dict]:
+    """The innermost loops of a SASS listing that run matrix products (HGMMA), in order: a step of a warpgroup's
+    walk, one per copy the compiler made (masked, mask-free). Each: its first and last address, its instruction
+    count, and the count of each of FAMILIES. A loop is the span from a label to a branch back to it, the branch
+    before the kernel's last EXIT: the slow paths placed after it (an mbarrier wait's retry) jump back into the
+    code they left without making a loop of it."""
+    labels, body = {}, []  # label -> index of the instruction after it; (address, opcode) per instruction
+    for line in sass.splitlines():
+        if label := re.match(r"^\s*(\.L_x_\d+):", line):
+            labels[label.group(1)] = len(body)
+        elif op := re.match(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)(.*)", line):
+            body.append((int(op.group(1), 16), op.group(2), op.group(3)))
+    last_exit = max((i for i, (_, op, _) in enumerate(body) if op == "EXIT"), default=len(body))
+    spans = []
+    for end, (_, opcode, rest) in enumerate(body[:last_exit]):
+        target = re.search(r"(\.L_x_\d+)", rest) if opcode == "BRA" else None
+        start = labels.get(target.group(1), end + 1) if target else end + 1
+        if start <= end and any(op == "HGMMA" for _, op, _ in body[start : end + 1]):
+            spans.append((start, end))
+    innermost = [(a, b) for a, b in spans if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
+    loops = []
+    for start, end in sorted(set(innermost)):
+        kinds = collections.Counter(op for _, op, _ in body[start : end + 1])
+        loops.append({"first": body[start][0], "last": body[end][0], "instructions": end - start + 1,
+                      **{family: kinds.get(family, 0) for family in FAMILIES}})  # fmt: skip
+    return loops
+
+
 PARAMETER = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")  # a load from constant bank 0, where the kernel's parameters sit
 
 
@@ -205,6 +234,7 @@ def main() -> None:
         help="BLOCK_M,BLOCK_N,WARPS,STAGES[,tma][,maxnreg=N] for every pass instead of the tuned one",
     )
     parser.add_argument("--same-as", type=Path, default=None, help="a --dump folder: exit 1 unless the code matches")
+    parser.add_argument("--loops", action="store_true", help="also each pass's loops that run matrix products")
     args = parser.parse_args()
     passes = args.passes.split(",")
     if unknown := set(passes) - set(PASSES):
@@ -219,6 +249,10 @@ def main() -> None:
         info, sass = inspect(kernel.asm["cubin"], kernel.asm["ptx"])
         info["shared"] = kernel.metadata.shared  # static and dynamic (pipeline buffers), bytes
         print(f"{name:10s}" + "".join(f"{info.get(c, 0):8d}" for c in columns))
+        if args.loops:
+            for loop in product_loops(sass):
+                kinds = ", ".join(f"{family} {loop[family]}" for family in FAMILIES if loop[family])
+                print(f"  loop {loop['first']:#07x}-{loop['last']:#07x}: {loop['instructions']} instructions ({kinds})")
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / f"{name}.sass").write_text(sass)

@@ -129,3 +129,42 @@ def test_the_rotary_gradient_kernel_moves_whole_16_byte_vectors():
     accesses = proc.stdout.split()
     assert set(accesses) == {"ld.global.v4.b32", "st.global.v4.b32"}, set(accesses)
     assert accesses.count("ld.global.v4.b32") == 5 * 4 + 2 * 8 and accesses.count("st.global.v4.b32") == 3 * 4
+
+
+SASS_WITH_LOOPS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], RZ ;
+        /*0020*/              @!P0 BRA `(.L_x_9) ;
+.L_x_1:
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24 ;
+        /*0040*/                   MUFU.EX2 R3, R3 ;
+        /*0050*/                   FFMA R4, R3, R5, R6 ;
+        /*0060*/               @P1 BRA `(.L_x_1) ;
+        /*0070*/                   ISETP.GE.AND P2, PT, R7, R8, PT ;
+        /*0080*/               @P2 BRA `(.L_x_0) ;
+.L_x_2:
+        /*0090*/                   FADD R9, R9, R10 ;
+        /*00a0*/               @P3 BRA `(.L_x_2) ;
+.L_x_3:
+        /*00b0*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24 ;
+        /*00c0*/                   FMUL R11, R11, R12 ;
+        /*00d0*/                   BRA `(.L_x_3) ;
+        /*00e0*/                   EXIT ;
+.L_x_9:
+        /*00f0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], RZ ;
+        /*0100*/               @!P0 BRA `(.L_x_9) ;
+        /*0110*/                   BRA `(.L_x_1) ;
+"""
+
+
+def test_kernel_sass_finds_the_innermost_loops_that_run_matrix_products():
+    """`kernel_sass.py --loops`: the innermost loops with an HGMMA (here a product loop nested in an outer one, and a
+    second product loop), not the outer loop, not a loop without products, and not a slow path after the last EXIT
+    that jumps back into the code it left."""
+    from kernel_sass import product_loops
+
+    loops = product_loops(SASS_WITH_LOOPS)
+    assert [(loop["first"], loop["last"], loop["instructions"]) for loop in loops] == [(0x30, 0x60, 4), (0xB0, 0xD0, 3)]
+    assert (loops[0]["HGMMA"], loops[0]["MUFU"], loops[0]["FFMA"], loops[0]["FMUL"]) == (1, 1, 1, 0)
+    assert (loops[1]["HGMMA"], loops[1]["FMUL"]) == (1, 1)
