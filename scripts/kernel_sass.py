@@ -44,6 +44,8 @@ MASKS = ("none", "window", "documents", "blocks")
 # Opcode families worth watching in an attention kernel: tensor-core products, the exp2 unit, fp32 arithmetic,
 # fp32 -> bf16 packing, shuffles (row reductions) and spills.
 FAMILIES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "F2FP", "SHFL", "STL", "LDL")
+# A SASS instruction line: its address, opcode (after any predicate) and operands.
+INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)(.*)", flags=re.M)
 
 
 class _HopperWithoutGpu:
@@ -162,8 +164,7 @@ def inspect(cubin: bytes, ptx: str) -> tuple[dict, str]:
                               check=True).stdout  # fmt: skip
     # Spilled registers live in the stack frame (STACK), not in LOCAL, which counts local arrays.
     info = {key.lower(): int(value) for key, value in re.findall(r"(REG|STACK|LOCAL):(\d+)", usage)}
-    opcodes = collections.Counter(m.group(1) for m in re.finditer(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)",
-                                                                  sass, flags=re.M))  # fmt: skip
+    opcodes = collections.Counter(m.group(2) for m in INSTRUCTION.finditer(sass))
     info.update({family: opcodes.get(family, 0) for family in FAMILIES})
     info["total"] = sum(opcodes.values())
     info["warn"] = len(warnings)
@@ -177,11 +178,11 @@ def product_loops(sass: str) -> list[dict]:
     count, and the count of each of FAMILIES. A loop is the span from a label to a branch back to it, the branch
     before the kernel's last EXIT: the slow paths placed after it (an mbarrier wait's retry) jump back into the
     code they left without making a loop of it."""
-    labels, body = {}, []  # label -> index of the instruction after it; (address, opcode) per instruction
+    labels, body = {}, []  # label -> index of the instruction after it; (address, opcode, operands) per instruction
     for line in sass.splitlines():
         if label := re.match(r"^\s*(\.L_x_\d+):", line):
             labels[label.group(1)] = len(body)
-        elif op := re.match(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)(.*)", line):
+        elif op := INSTRUCTION.match(line):
             body.append((int(op.group(1), 16), op.group(2), op.group(3)))
     last_exit = max((i for i, (_, op, _) in enumerate(body) if op == "EXIT"), default=len(body))
     spans = []
