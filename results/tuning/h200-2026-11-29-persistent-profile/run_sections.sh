@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Prepared 2026-11-29 for the next session (rename the folder h200-<date>-persistent-profile once it has run, with a
-# README). Why the persistent fused backward's code runs 6-8% slower a step than 87a5431's, with one item per
+# Why the persistent fused backward's code runs 6-8% slower a step than 87a5431's, with one item per
 # program (../h200-2026-11-29-persistent-bwd/: its steady loops are within 2-5 instructions of the baseline's, the
 # same registers, no spill in a step): Nsight Compute on one dense 16K fwd+bwd of each build, fused kernel only.
 #   (outside the repository, where git apply honours --include:)
@@ -8,15 +7,15 @@
 #   (cd /tmp/pk && git apply --include='kernels/*' $REPO/results/tuning/h200-2026-11-29-persistent-bwd/persistent.diff \
 #     && sed -i 's/min(grid\[0\] \* grid\[1\], sm_count(q.device))/grid[0] * grid[1]/' kernels/launch.py)
 #   rm -rf .ab/one_item && mkdir -p .ab/one_item && cp -r /tmp/pk/kernels .ab/one_item/
-#   run carry=[".ab"]: bash results/tuning/next-persistent-profile/run_gpu.sh
+#   run carry=[".ab"]: bash results/tuning/h200-2026-11-29-persistent-profile/run_gpu.sh
 # Compare the two CSVs: issue-slot use and stall reasons of the math warpgroups (WarpStateStats), L1 and L2 hit
 # rates and shared-memory carveout (MemoryWorkloadAnalysis, Occupancy), duration.
 set -uo pipefail
 OUT=${OUT:-/tmp/persistent-profile}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/scripts:$PWD/results/tuning/h200-2026-11-27-ncu-masks
-for build in base one_item; do
-  if [ "$build" = one_item ]; then rm -rf kernels && cp -r .ab/one_item/kernels kernels; fi
+for build in baseline one_item; do
+  rm -rf kernels && cp -r ".ab/$build/kernels" kernels  # base: 87a5431's kernels (HEAD's are the same)
   timeout 150 ncu --clock-control none --profile-from-start off -k regex:fused --section SpeedOfLight \
     --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     -o "$OUT/$build" python results/tuning/h200-2026-11-27-ncu-masks/ncu_masks.py --seq-len 16384 --masks dense \
@@ -27,11 +26,11 @@ done
 python - "$OUT" <<'PY'
 import csv, sys
 rows = {}
-for build in ("base", "one_item"):
+for build in ("baseline", "one_item"):
     with open(f"{sys.argv[1]}/{build}.csv") as f:
         for r in csv.DictReader(f):
             rows.setdefault((r["Section Name"], r["Metric Name"], r["Metric Unit"]), {})[build] = r["Metric Value"]
 for (section, name, unit), v in rows.items():
-    if v.get("base") != v.get("one_item"):
-        print(f"{section[:24]:24} {name[:48]:48} {unit[:10]:10} {v.get('base', ''):>14} {v.get('one_item', ''):>14}")
+    if v.get("baseline") != v.get("one_item"):
+        print(f"{section[:24]:24} {name[:48]:48} {unit[:10]:10} {v.get('baseline', ''):>14} {v.get('one_item', ''):>14}")
 PY
