@@ -12,7 +12,8 @@ launch each pass at their own tuned configuration on the same inputs. Timings al
 outputs are compared too (max |A − B|), so a faster variant that computes something else shows. Passes: fwd, bwd
 (the schedule `flash_attention` would take: split or fused) and fwd_bwd.
 
-With --masks (`scripts/bench_masks.py`'s: window_1k, documents, local_global, ...; "none" is the plain causal call)
+With --masks (`scripts/bench_masks.py`'s: window_1k, documents, local_global, ...; "none" is the plain causal call,
+"full" non-causal attention)
 each version builds the mask's schedules with its own `FlashMask` for the tiles it launches, as `flash_mask` would,
 and TFLOP/s count the pairs the mask keeps:
 
@@ -162,17 +163,17 @@ def compare(
     power: PowerSampler | None = None,
 ) -> list[dict]:
     """Time each pass of both versions at one shape (16K tokens, H = 12 for D <= 64, else 2048 / D) under one mask
-    ("none": causal only); one row each. With a power sampler, each row also has each version's SM clock, power
-    and energy per call with the pass run back to back (`sustained`)."""
+    ("none": causal only, "full": non-causal); one row each. With a power sampler, each row also has each
+    version's SM clock, power and energy per call with the pass run back to back (`sustained`)."""
     batch, heads = max(1, 16384 // seq_len), 12 if head_dim <= 64 else 2048 // head_dim
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(batch, heads, seq_len, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    case = None if mask == "none" else build_case(mask, seq_len, batch, MASK_PROFILE)
+    case = None if mask in ("none", "full") else build_case(mask, seq_len, batch, MASK_PROFILE)
     if case is not None and heads != 12:
         case.visible_pairs = case.visible_pairs * heads // 12  # build_case counts bench_masks' 12 heads
     runs = {}
     for side, launch in (("a", baseline), ("b", current_launch)):
-        params = launch.AttentionParams(True, dropout, 1 / math.sqrt(head_dim), seed=7, offset=0)
+        params = launch.AttentionParams(mask != "full", dropout, 1 / math.sqrt(head_dim), seed=7, offset=0)
         runs[side] = make_runs(launch, q, k, v, do, params, case.flash_kwargs if case else {})
     # Compile both and write every output once (the backward only when a backward pass is timed).
     warmup = "fwd" if passes == ["fwd"] else "fwd_bwd"
@@ -187,7 +188,7 @@ def compare(
             for side in ("a", "b"):
                 times[side].append(triton.testing.do_bench(runs[side][kernel_pass], warmup=25, rep=100))
         ms_a, ms_b = statistics.median(times["a"]), statistics.median(times["b"])
-        pairs = case.visible_pairs if case else None
+        pairs = case.visible_pairs if case else batch * heads * seq_len**2 if mask == "full" else None
         tflops = flops(kernel_pass, batch, heads, seq_len, head_dim, pairs) / ms_b / 1e9
         rows.append(
             dict(mask=mask, head_dim=head_dim, seq_len=seq_len, dropout=dropout, kernel_pass=kernel_pass,
@@ -245,7 +246,9 @@ def main() -> None:
     parser.add_argument("--seq-lens", default="4096,16384")
     parser.add_argument("--dropout", default="0")
     parser.add_argument("--rounds", type=int, default=2, help="A, B timings per pass; their medians compare")
-    parser.add_argument("--masks", default="none", help="comma-separated: none (causal only) or bench_masks' masks")
+    parser.add_argument(
+        "--masks", default="none", help="comma-separated: none (causal only), full (non-causal) or bench_masks' masks"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--power", action="store_true", help="also the SM clock, power and energy per call")
     args = parser.parse_args()
@@ -253,8 +256,8 @@ def main() -> None:
     if unknown := set(passes) - set(PASSES):
         parser.error(f"unknown passes {sorted(unknown)}; choose from {', '.join(PASSES)}")
 
-    if unknown := set(args.masks.split(",")) - {"none", *MASKS}:
-        parser.error(f"unknown masks {sorted(unknown)}; choose from none, {', '.join(MASKS)}")
+    if unknown := set(args.masks.split(",")) - {"none", "full", *MASKS}:
+        parser.error(f"unknown masks {sorted(unknown)}; choose from none, full, {', '.join(MASKS)}")
     baseline = load_launch(args.baseline, "ab_baseline_kernels")
     power = PowerSampler(torch.cuda.current_device()) if args.power else None
     power_columns = "  base: clock, power, energy; new: the same" if power else ""

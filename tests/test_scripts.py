@@ -547,3 +547,41 @@ def test_bench_times_the_backward_on_the_thread_asked_for(
     assert bench_attention.main(argv) == 0
     assert seen and set(seen) == {thread == "device"}
     assert torch.autograd.is_multithreading_enabled()  # restored
+
+
+@pytest.mark.parametrize("mask", ["dense", "window_1k", "documents", "butterfly"])
+def test_mask_walks_are_the_kept_tiles_of_each_query_and_key_block(mask: str) -> None:
+    """bench_mask_walks' walks: a tile is kept where any pair in it is visible (from `dense_mask` in full), and a
+    query (key) block's walk is its row (column) of kept tiles, over every (b, h)."""
+    import bench_mask_walks
+    import bench_masks
+
+    from flashgpt.attention_masks import dense_mask
+
+    profile = bench_masks.Profile("cpu", torch.float32, block_size=32, check_seq_len=160, dropout_check_seq_len=96)
+    seq_len, batch, heads, block = 256, 2, bench_masks.HEADS, 32
+    case = bench_masks.build_case(mask, seq_len, batch, profile)
+    occupancy = bench_mask_walks.block_occupancy(case, seq_len, block, "cpu")
+    visible = dense_mask(seq_len, seq_len, causal=True, **case.flash_kwargs)
+    want = visible.unflatten(-2, (-1, block)).unflatten(-1, (-1, block)).any(-1).any(-2)
+    assert torch.equal(occupancy, want)
+    query, key = bench_mask_walks.walk_lengths(occupancy, batch, heads)
+    full = occupancy.expand(batch, heads, -1, -1)
+    assert sorted(query.tolist()) == sorted(n for n in full.sum(-1).flatten().tolist() if n)
+    assert sorted(key.tolist()) == sorted(n for n in full.sum(-2).flatten().tolist() if n)
+    assert query.sum() == key.sum() == full.sum()  # both count every kept tile once
+    if mask == "dense":  # causal: walks of 1 … 8 tiles, one of each per (b, h)
+        assert sorted(query.tolist()) == sorted(list(range(1, 9)) * batch * heads)
+
+
+def test_mask_walk_ceiling_prices_each_walk_at_its_length() -> None:
+    """Per-tile cost: the measured value at a measured length, a power law between two (linear in log-log), flat
+    past either end; the ceiling sums n · cost(n) over the query walks (forward) and the key walks (backward)."""
+    import bench_mask_walks
+
+    measured = {1: 8.0, 4: 2.0, 16: 1.0}
+    cost = bench_mask_walks.per_tile_cost(torch.tensor([1, 2, 4, 8, 16, 64]), measured)
+    assert cost.tolist() == pytest.approx([8.0, 4.0, 2.0, 2**0.5, 1.0, 1.0])
+    query, key = torch.tensor([1, 4]), torch.tensor([16, 16])
+    backward = {1: 3.0, 16: 0.5}
+    assert bench_mask_walks.ceiling_ms(query, key, measured, backward) == pytest.approx(1 * 8 + 4 * 2 + 2 * 16 * 0.5)

@@ -64,6 +64,27 @@ def test_document_masks_take_their_own_measured_backward_where_there_is_one():
         assert choice == plain[key], key
 
 
+def test_non_causal_calls_take_the_causal_entries():
+    """The tuner measures causal attention only: a non-causal call takes the causal entry of its shape, for the
+    backward's schedule, the Triton passes' configurations and the Gluon passes' (where the causal table has one)."""
+    file = _tuned_file()
+    for key, choice in file["backward"].items():
+        head_dim, dtype, causal, dropout, bucket = _schedule_args(key)
+        assert causal and backward_schedule(head_dim, dtype, False, dropout, bucket, interpreting=False, hopper=True)
+        assert backward_schedule(head_dim, dtype, False, dropout, bucket, interpreting=False, hopper=True) == choice
+    for kernel_pass in HOPPER_PASSES:
+        for key in file[kernel_pass]:
+            _, d, dtype, _, drop, bucket = key.split("/")
+            args = (kernel_pass, int(d[1:]), dtype)
+            want = hopper_config(*args, True, drop == "drop", int(bucket[1:]))
+            assert want is not None and hopper_config(*args, False, drop == "drop", int(bucket[1:])) == want, key
+    for key, cfg in _tuned_table().items():
+        kernel_pass, d, dtype, _, drop, bucket = key.split("/")
+        args = (kernel_pass, int(d[1:]), dtype, False, drop == "drop", int(bucket[1:]))
+        assert launch_config(*args, interpreting=False, hopper=True) == cfg, key
+    assert not any("/full/" in key for table in ("backward", *HOPPER_PASSES) for key in file[table])
+
+
 def test_seq_len_buckets():
     assert [seq_len_bucket(t) for t in (1, 1024, 1025, 4096, 16384, 100_000)] == [1024, 1024, 2048, 4096, 16384, 16384]
 
@@ -148,9 +169,9 @@ _GPT2_DROPOUT = {"bwd_fused_hopper": 0.1}
 
 @pytest.mark.parametrize("kernel_pass", HOPPER_PASSES)
 def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pass):
-    """Dense, causal, with or without dropout (each pass draws its own mask), at the T buckets and head dims of the
-    table's section for the pass (bf16, and fp16 with the same tiles); never at a shape it does not list (where the
-    Triton pass measured faster or even), nor in fp32."""
+    """Dense, with or without dropout (each pass draws its own mask), at the T buckets and head dims of the table's
+    section for the pass (bf16, and fp16 with the same tiles; non-causal calls take the causal entries); never at a
+    shape it does not list (where the Triton pass measured faster or even), nor in fp32."""
     entries = _tuned_file()[kernel_pass]
     assert entries
     for key, cfg in entries.items():
@@ -168,7 +189,7 @@ def test_a_gluon_pass_is_taken_only_where_the_table_measured_it_faster(kernel_pa
         expected = LaunchConfig(**cfg)
         assert hopper_config(kernel_pass, head_dim, "bfloat16", True, dropout, seq_len) == expected, key
         assert hopper_config(kernel_pass, head_dim, "float16", True, dropout, seq_len) == expected, key
-        assert hopper_config(kernel_pass, head_dim, "bfloat16", False, dropout, seq_len) is None  # not measured
+        assert hopper_config(kernel_pass, head_dim, "bfloat16", False, dropout, seq_len) == expected, key  # shared
         assert hopper_config(kernel_pass, head_dim, "float32", True, dropout, seq_len) is None
     for head_dim, dropout, seq_len in itertools.product((64, 128), (False, True), SEQ_LEN_BUCKETS):
         listed = table_key(kernel_pass, head_dim, "bfloat16", True, dropout, seq_len) in entries
