@@ -21,12 +21,14 @@ above x_ceiling asks the masked kernel to run short walks faster than the dense 
 
     python scripts/bench_mask_walks.py --out $OUT                       # GPU: T = 4K, 16K, 64K, every mask
     python scripts/bench_mask_walks.py --seq-lens 16384 --masks documents,window_1k
+    python scripts/bench_mask_walks.py --dropout 0.1 --out $OUT         # every call with dropout
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import math
 import sys
 from collections.abc import Sequence
@@ -93,11 +95,9 @@ def per_tile_cost(lengths: Tensor, measured: dict[int, float]) -> Tensor:
     return (log_ms[left] + t * (log_ms[right] - log_ms[left])).exp()
 
 
-def ceiling_ms(query_walks: Tensor, key_walks: Tensor, fwd: dict[int, float], bwd: dict[int, float]) -> float:
-    """Σ n · p_fwd(n) over the query walks + Σ n · p_bwd(n) over the key walks."""
-    forward = (query_walks.double() * per_tile_cost(query_walks, fwd)).sum()
-    backward = (key_walks.double() * per_tile_cost(key_walks, bwd)).sum()
-    return float(forward + backward)
+def ceiling_ms(walks: Tensor, cost: dict[int, float]) -> float:
+    """Σ n · p(n) over walks of n tiles: the forward's over the query walks, the backward's over the key walks."""
+    return float((walks.double() * per_tile_cost(walks, cost)).sum())
 
 
 def _gpu_ms(fn, seq_len: int, batch: int) -> tuple[float, float]:
@@ -117,7 +117,7 @@ def _gpu_ms(fn, seq_len: int, batch: int) -> tuple[float, float]:
     return fwd, both
 
 
-def walk_costs(max_seq_len: int) -> dict[str, dict[int, float]]:
+def walk_costs(max_seq_len: int, dropout: float) -> dict[str, dict[int, float]]:
     """{"fwd"|"bwd": {n: ms a tile}} of non-causal dense attention at T = n · BLOCK, n = 1, 2, 4, ... up to
     max_seq_len / BLOCK, B = 16K / T."""
     from flashgpt.kernels import flash_attention
@@ -127,7 +127,8 @@ def walk_costs(max_seq_len: int) -> dict[str, dict[int, float]]:
     while n * BLOCK <= max_seq_len:
         seq_len = n * BLOCK
         batch = max(1, TOKENS_PER_CALL // seq_len)
-        fwd, both = _gpu_ms(lambda q, k, v: flash_attention(q, k, v, causal=False), seq_len, batch)
+        attend = functools.partial(flash_attention, causal=False, dropout_p=dropout)
+        fwd, both = _gpu_ms(attend, seq_len, batch)
         tiles = batch * HEADS * n * n
         costs["fwd"][n], costs["bwd"][n] = fwd / tiles, (both - fwd) / tiles
         print(f"non-causal T={seq_len:>6}: fwd {fwd:.3f} ms, bwd {both - fwd:.3f} ms ({batch} x {HEADS} heads)")
@@ -135,33 +136,40 @@ def walk_costs(max_seq_len: int) -> dict[str, dict[int, float]]:
     return costs
 
 
-def bench_seq_len(seq_len: int, masks: Sequence[str], costs: dict, profile: Profile) -> list[dict]:
+def bench_seq_len(seq_len: int, masks: Sequence[str], costs: dict, dropout: float, profile: Profile) -> list[dict]:
     batch = max(1, TOKENS_PER_CALL // seq_len)
     dense = build_case("dense", seq_len, batch, profile)
-    _, dense_ms = _gpu_ms(flash_fn(dense, 0.0, seq_len, torch.bfloat16), seq_len, batch)
+    _, dense_ms = _gpu_ms(flash_fn(dense, dropout, seq_len, torch.bfloat16), seq_len, batch)
     dense_rate = dense.visible_pairs / dense_ms
     rows = []
     for name in masks:
         case = dense if name == "dense" else build_case(name, seq_len, batch, profile)
-        _, masked_ms = _gpu_ms(flash_fn(case, 0.0, seq_len, torch.bfloat16), seq_len, batch)
+        fwd_ms, masked_ms = _gpu_ms(flash_fn(case, dropout, seq_len, torch.bfloat16), seq_len, batch)
         query_walks, key_walks = walk_lengths(block_occupancy(case, seq_len, BLOCK, "cuda"), batch, HEADS)
-        ceiling = ceiling_ms(query_walks, key_walks, costs["fwd"], costs["bwd"])
+        ceiling_fwd, ceiling_bwd = ceiling_ms(query_walks, costs["fwd"]), ceiling_ms(key_walks, costs["bwd"])
+        ceiling = ceiling_fwd + ceiling_bwd
         row = {
             "seq_len": seq_len,
             "mask": name,
+            "dropout": dropout,
             "density": case.density,
             "gpu_ms": masked_ms,
+            "fwd_gpu_ms": fwd_ms,
             "ceiling_ms": ceiling,
+            "ceiling_fwd_ms": ceiling_fwd,
             "mean_key_walk": float(key_walks.double().mean()),
             "x_dense_gpu": case.visible_pairs / masked_ms / dense_rate,
             "x_ceiling": case.visible_pairs / ceiling / dense_rate,
         }
+        # How close each pass comes to its own ceiling (the backward's time: fwd+bwd − fwd).
         row["of_ceiling"] = row["x_dense_gpu"] / row["x_ceiling"]
+        row["of_ceiling_fwd"] = ceiling_fwd / fwd_ms
+        row["of_ceiling_bwd"] = ceiling_bwd / (masked_ms - fwd_ms)
         rows.append(row)
         print(
             f"T={seq_len:>6} {name:>12}: {masked_ms:.3f} ms (ceiling {ceiling:.3f} ms, mean key walk "
             f"{row['mean_key_walk']:.1f} tiles), x_dense_gpu {row['x_dense_gpu']:.2f}, x_ceiling "
-            f"{row['x_ceiling']:.2f}",
+            f"{row['x_ceiling']:.2f} (fwd {row['of_ceiling_fwd']:.2f}, bwd {row['of_ceiling_bwd']:.2f} of theirs)",
             flush=True,
         )
     return rows
@@ -169,12 +177,12 @@ def bench_seq_len(seq_len: int, masks: Sequence[str], costs: dict, profile: Prof
 
 def markdown_table(rows: Sequence[dict]) -> str:
     header = ["T", "mask", "density", "mean key walk (tiles)", "GPU ms", "ceiling ms", "x dense (GPU)", "x ceiling",
-              "of ceiling"]  # fmt: skip
+              "of ceiling (fwd / bwd)"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = [str(r["seq_len"]), r["mask"], f"{r['density']:.3f}", f"{r['mean_key_walk']:.1f}",
                  f"{r['gpu_ms']:.3f}", f"{r['ceiling_ms']:.3f}", f"{r['x_dense_gpu']:.2f}", f"{r['x_ceiling']:.2f}",
-                 f"{r['of_ceiling']:.2f}"]  # fmt: skip
+                 f"{r['of_ceiling']:.2f} ({r['of_ceiling_fwd']:.2f} / {r['of_ceiling_bwd']:.2f})"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -184,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", type=csv_list(int), default=list(SEQ_LENS), help="comma-separated")
     parser.add_argument("--masks", type=csv_list(str), default=list(MASKS), help=f"from {','.join(MASKS)}")
+    parser.add_argument("--dropout", type=float, default=0.0, help="for the masked calls, dense ones and walks alike")
     parser.add_argument("--out", type=Path, help="JSON path or folder (default results/bench_masks)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -197,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = Profile("cuda", torch.bfloat16, block_size=BLOCK, check_seq_len=4096, dropout_check_seq_len=1024)
     device = torch.cuda.get_device_name(0)
     date = datetime.date.today().isoformat()
-    costs = walk_costs(max(args.seq_lens))
-    rows = [row for seq_len in args.seq_lens for row in bench_seq_len(seq_len, args.masks, costs, profile)]
+    costs = walk_costs(max(args.seq_lens), args.dropout)
+    rows = [row for t in args.seq_lens for row in bench_seq_len(t, args.masks, costs, args.dropout, profile)]
     report = {
         "device": device,
         "torch": torch.__version__,
@@ -212,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     path = out_path(args.out, device, date)
     if args.out is None or args.out.is_dir():
-        path = path.with_name(path.stem + "-walks.json")
+        path = path.with_name(path.stem + ("-walks-dropout.json" if args.dropout else "-walks.json"))
     write_json(path, report)
     print("\n" + markdown_table(rows) + f"\n\nwrote {path}")
     return 0

@@ -576,12 +576,12 @@ def test_mask_walks_are_the_kept_tiles_of_each_query_and_key_block(mask: str) ->
 
 def test_mask_walk_ceiling_prices_each_walk_at_its_length() -> None:
     """Per-tile cost: the measured value at a measured length, a power law between two (linear in log-log), flat
-    past either end; the ceiling sums n · cost(n) over the query walks (forward) and the key walks (backward)."""
+    past either end; a pass's ceiling sums n · cost(n) over its walks (the forward's query walks, the backward's key
+    walks)."""
     import bench_mask_walks
 
     measured = {1: 8.0, 4: 2.0, 16: 1.0}
     cost = bench_mask_walks.per_tile_cost(torch.tensor([1, 2, 4, 8, 16, 64]), measured)
     assert cost.tolist() == pytest.approx([8.0, 4.0, 2.0, 2**0.5, 1.0, 1.0])
-    query, key = torch.tensor([1, 4]), torch.tensor([16, 16])
-    backward = {1: 3.0, 16: 0.5}
-    assert bench_mask_walks.ceiling_ms(query, key, measured, backward) == pytest.approx(1 * 8 + 4 * 2 + 2 * 16 * 0.5)
+    assert bench_mask_walks.ceiling_ms(torch.tensor([1, 4]), measured) == pytest.approx(1 * 8 + 4 * 2)
+    assert bench_mask_walks.ceiling_ms(torch.tensor([16, 16]), {1: 3.0, 16: 0.5}) == pytest.approx(2 * 16 * 0.5)
