@@ -267,14 +267,15 @@ def gluon_config(
     under block masks the Gluon forward lost there (0.75-0.79x), and they keep the table's choice
     (`results/tuning/h200-2026-11-28-nearest-bucket/`). Without dropout the table lists the fused backward only with a
     dQ warpgroup (`has_dq_warpgroup`); masked calls take it at D = 64 only where it measured faster than the split
-    passes, past 4K under a window and past 8K under documents or a block mask (0.87x at 4K and 0.95x at 8K under
-    documents, 1.12-1.16x from 8K under a 4K window: `results/tuning/h200-2026-11-28-dq-warpgroup-all/`; under block
-    masks the backward 0.95-0.98x at 16K, fwd+bwd 0.99-1.02x, and 1.03-1.07x at 64K:
-    `results/tuning/h200-2026-11-28-masked-dq-warpgroup/`; the T buckets end at 16K, so a threshold past 16K would
-    need a bucket the table does not have)."""
+    passes: past 4K under a window, past 8K under documents and past 16K under a block mask (0.87x at 4K and 0.95x
+    at 8K under documents, 1.12-1.16x from 8K under a 4K window: `results/tuning/h200-2026-11-28-dq-warpgroup-all/`;
+    under block masks 1.03-1.07x fwd+bwd at 64K, `results/tuning/h200-2026-11-28-masked-dq-warpgroup/`, and at 16K
+    the split passes' backward 1.04-1.07x the fused one's, fwd+bwd 1.01-1.05x:
+    `results/tuning/h200-2026-11-29-block-split-16k/`)."""
     tensor_masks = documents or block_size is not None
     if kernel_pass == "bwd_fused_hopper" and not dropout and (window or tensor_masks):
-        split_up_to = 8192 if tensor_masks else 4096  # the split passes ran as fast or faster up to there
+        # The split passes ran as fast or faster up to there.
+        split_up_to = 16384 if block_size is not None else 8192 if documents else 4096
         if head_dim > 64 or seq_len <= split_up_to:
             return None
         cfg = hopper_config(kernel_pass, head_dim, dtype, causal, False, seq_len)

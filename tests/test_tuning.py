@@ -307,8 +307,8 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     (`launch.gluon_config`), as masks fit them (the forward's 192 rows drop
     to 64, and its 64-row programs take 64 keys; the dK/dV pass's 192 keys drop to 64 x 64; under documents or with
     dropout the dQ pass takes 64-key tiles; with dropout the fused pass takes 32 × 64 tiles up to 8K and 32 × 128
-    from 16K, and without it the table's 64 × 128 from 16K under documents or a block mask, both with a dQ
-    warpgroup), and none for a call the Gluon passes never take (not causal, fp32) or that has no schedule to
+    from 16K, and without it the table's 64 × 128 from 16K under documents and past 16K under a block mask, both
+    with a dQ warpgroup), and none for a call the Gluon passes never take (not causal, fp32) or that has no schedule to
     build."""
     from dataclasses import replace
 
@@ -347,11 +347,13 @@ def test_a_mask_built_for_hopper_holds_the_tilings_of_the_gluon_passes_that_may_
     fitted = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=128)
     assert fitted and all(128 % row_tile == 0 and 128 % col_tile == 0 for _, row_tile, col_tile in fitted)
     assert launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 16384, block_size=40) == ()
-    # The fused backward under a block mask: with dropout at every T, without it from 16K (the split passes up to 8K).
-    at_8k, at_16k = (launch.gluon_config("bwd_fused_hopper", 64, "bfloat16", True, dropout, seq_len, block_size=128)
-                     for seq_len in (8192, 16384))  # fmt: skip
-    assert (at_8k is not None) == dropout and at_16k is not None
-    assert tile_key("bwd_fused_hopper", at_16k) in fitted
+    # The fused backward under a block mask: with dropout at every T, without it past 16K (the split passes up to 16K).
+    at_16k, at_32k = (launch.gluon_config("bwd_fused_hopper", 64, "bfloat16", True, dropout, seq_len, block_size=128)
+                      for seq_len in (16384, 32768))  # fmt: skip
+    assert (at_16k is not None) == dropout and at_32k is not None
+    assert (tile_key("bwd_fused_hopper", at_16k) in fitted) if dropout else at_16k is None
+    fitted_32k = launch.gluon_tiles(PASSES, 64, torch.bfloat16, True, dropout, 32768, block_size=128)
+    assert tile_key("bwd_fused_hopper", at_32k) in fitted_32k
 
 
 def test_masked_calls_with_dropout_take_the_gluon_passes_the_table_lists_without_dropout():
