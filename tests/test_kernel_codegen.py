@@ -39,7 +39,8 @@ CASES = {  # kernel_sass.py's arguments
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper,bwd_fused_hopper",
     "D64 8K Gluon blocks": "--head-dim 64 --seq-len 8192 --mask blocks "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",
-    "D64 16K Gluon blocks": "--head-dim 64 --seq-len 16384 --mask blocks --passes bwd_fused_hopper",  # a dQ warpgroup
+    # a dQ warpgroup, which block masks take past 16K (the split passes up to it)
+    "D64 32K Gluon blocks": "--head-dim 64 --seq-len 32768 --mask blocks --passes bwd_fused_hopper",
     "D128 4K Gluon documents": "--head-dim 128 --seq-len 4096 --mask documents "
     "--passes fwd_hopper,bwd_dq_hopper,bwd_dkdv_hopper",  # the forward's two math warpgroups under a mask
     # with dropout under masks: the forward on 64 x 64 tiles at maxnreg 80, dQ on 64-key tiles, the fused backward on
