@@ -11,6 +11,8 @@
 #   bash scripts/gpu_benchmarks.sh ab        # the working tree's kernels vs a baseline copy in .ab/ (one process)
 #   bash scripts/gpu_benchmarks.sh ncu       # Nsight Compute: our fwd/bwd kernels and cuDNN's, D = 64, T = 16K
 #   bash scripts/gpu_benchmarks.sh masks     # masked kernel vs compiled FlexAttention at T = 4K, 16K
+#   bash scripts/gpu_benchmarks.sh mask-walks  # each mask's ceiling: our dense kernel on walks as short as its own,
+#                                              # T = 4K, 16K, 64K, dropout 0 / 0.1
 #   bash scripts/gpu_benchmarks.sh train     # train.py's step (naive/flash/sdpa) vs a compiled nanoGPT-style step
 #   bash scripts/gpu_benchmarks.sh rope      # what rotary positions cost train.py's compiled step (flash, sdpa),
 #                                            # after the GPU check of their fused gradient
@@ -35,7 +37,7 @@ context_run() {
 }
 ONE_GPU=(python train.py)
 CP2=(torchrun --standalone --nproc_per_node=2 train.py parallel.context=2)
-case "${1:?part: kernels | tune-backward | ab | ncu | masks | train | rope | masks64k | context | context-long}" in
+case "${1:?part: kernels | tune-backward | ab | ncu | masks | mask-walks | train | rope | masks64k | context | context-long}" in
   kernels)
     python scripts/bench_attention.py --provider flash,flash_deterministic,sdpa_cudnn,sdpa_flash --head-dims 64 \
       --dropout 0,0.1 --out "$OUT/bench_attention_d64.json" 2>&1 | tee "$OUT/bench_attention_d64.log"
@@ -61,6 +63,12 @@ case "${1:?part: kernels | tune-backward | ab | ncu | masks | train | rope | mas
     ;;
   masks)
     python scripts/bench_masks.py --seq-lens 4096,16384 --out "$OUT/bench_masks.json" 2>&1 | tee "$OUT/bench_masks.log"
+    ;;
+  mask-walks)
+    for p in 0 0.1; do
+      python scripts/bench_mask_walks.py --dropout $p --out "$OUT/bench_mask_walks_dropout_$p.json" 2>&1 \
+        | tee "$OUT/bench_mask_walks_dropout_$p.log"
+    done
     ;;
   train)
     python scripts/bench_train.py --providers reference,flash,sdpa --seq-lens 1024,4096,16384 --dropout 0,0.1 \
